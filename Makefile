@@ -1,0 +1,44 @@
+# Everything a newcomer needs is one target away. `make demo` and `make test` do all set-up first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# The CPU build of torch. A GPU user sets TORCH_SPEC (see README, "GPU install").
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+PRESET ?= qwen2.5-coder-0.5b
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup models demo test test-fast test-editors test-reliability bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+models: setup
+	$(BIN)/draftwise models pull $(PRESET)
+
+demo: models
+	$(BIN)/python examples/demo.py
+
+test: models
+	$(BIN)/python -m pytest -m "not slow"
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow and not real_model"
+
+test-editors: setup
+	@echo "editor tests: see editor-clients/README.md" && exit 1
+
+test-reliability: setup
+	@echo "reliability tests: not yet" && exit 1
+
+bench: models
+	$(BIN)/draftwise bench --target $(PRESET)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

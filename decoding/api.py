@@ -1,0 +1,117 @@
+"""The engine's public vocabulary: what a caller asks for and what it gets back.
+
+Callers (the LSP server, the CLI, the benchmark) speak only in these types and plain text; they
+never see tensors or tokenizers.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+DRAFTERS = ("none", "lookup", "model", "suggestion", "auto")
+SCOPES = ("auto", "line", "block", "full")
+STOP_REASONS = ("eos", "max_tokens", "stop_rule", "time_limit", "cancelled", "error")
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    """Another file shown to the model before the current one (e.g. an open editor tab)."""
+
+    path: str  # shown to the model as a header; relative to the workspace when possible
+    text: str
+
+
+@dataclass
+class CompletionRequest:
+    prefix: str  # document text before the cursor
+    suffix: str = ""  # document text after the cursor
+    path: str = ""  # current file's path (header in repo-level prompts); may be empty
+    document: str = ""  # key for latest-wins, KV reuse and suggestion memory (an LSP uri)
+    language: str = ""  # LSP language id ("python", "typescript", ...); "" guesses from path
+    context: Sequence[ContextFile] = ()  # most relevant first; fitted into the token budget
+    max_tokens: int | None = None  # None: the engine's configured default
+    scope: str = "auto"  # "line" | "block" | "full" | "auto" (decided from the cursor's context)
+    drafter: str | None = None  # overrides the engine's configured drafter for this request
+    temperature: float = 0.0  # 0: greedy (lossless: identical to plain greedy decoding)
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    time_limit_s: float | None = None  # stop (stopped="time_limit") after this much decode time
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # prompt tokens whose KV came from an earlier request
+    generated_tokens: int = 0
+    target_forwards: int = 0  # target forward passes after prefill (each emits >= 1 token)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_by: dict[str, int] = field(default_factory=dict)
+    accepted_by: dict[str, int] = field(default_factory=dict)
+    decisions: dict[str, int] = field(default_factory=dict)  # "lookup:6" -> steps that chose it
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    first_token_ms: float = 0.0  # from start of request to first generated token
+    drafter: str = "none"  # the configured mode for this request
+    stopped: str = ""  # one of STOP_REASONS
+    forwards_after_cancel: int = 0  # target forwards that finished after cancel() was called
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["acceptance_rate"] = round(self.acceptance_rate, 4)
+        d["tokens_per_forward"] = round(self.tokens_per_forward, 3)
+        d["prefill_ms"] = round(self.prefill_ms, 1)
+        d["decode_ms"] = round(self.decode_ms, 1)
+        d["first_token_ms"] = round(self.first_token_ms, 1)
+        return d
+
+
+@dataclass
+class CompletionResult:
+    text: str
+    stats: RequestStats
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "stats": self.stats.to_dict()}
+
+
+class CancelToken:
+    """Set from any thread; the engine checks it before each draft step and each target forward."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.cancelled_at: float | None = None
+
+    def cancel(self) -> None:
+        if not self._event.is_set():
+            self.cancelled_at = time.monotonic()
+            self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class EngineConfig:
+    target: str = "qwen2.5-coder-0.5b"  # model spec: preset, HF directory, .gguf file, or hub id
+    draft: str | None = None  # model spec of the draft model; None/"none": no draft model
+    drafter: str = "auto"  # default drafter mode, one of DRAFTERS
+    max_tokens: int = 64
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    context_tokens: int = 1536  # prompt budget: prefix + suffix + other files
+    cache_mb: int = 512  # bound on KV memory kept for reuse across requests
+    trust_remote_code: bool = False
+    measure_cost: bool = True  # time forwards at load to build the cost model

@@ -1,0 +1,103 @@
+"""llama.cpp (through llama-cpp-python, an optional extra): plain greedy decoding and its prompt
+lookup decoding, on the GGUF file of the same model, fed the exact prompt token ids the engine built.
+
+Timing follows the rest of the benchmark: the first `eval` feeds the prompt (prefill); decode is
+timed from the first generated token to the last and counts the tokens after the first. Forward
+sizes come from wrapping the instance's `eval`, and drafted/accepted are derived from them as for
+the Hugging Face modes (each eval after the first feeds one token plus the drafted ones).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+from decoding.bench.hf_baselines import GenerateTiming
+
+
+def available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def version() -> str | None:
+    if not available():
+        return None
+    import llama_cpp
+
+    return getattr(llama_cpp, "__version__", "unknown")
+
+
+def gguf_for(target_spec: str) -> Path | None:
+    """The GGUF file of the target: the preset's file next to its weights, or a .gguf spec itself."""
+    from decoding.models import pack
+    from decoding.models.specs import parse_model_spec
+
+    spec = parse_model_spec(target_spec)
+    if spec.kind == "gguf":
+        return Path(spec.value)
+    if spec.preset is not None:
+        path = pack.preset_dir(spec.preset) / spec.preset.gguf_name
+        return path if path.is_file() else None
+    if spec.kind == "hf_dir":
+        found = sorted(Path(spec.value).glob("*.gguf"))
+        return found[0] if found else None
+    return None
+
+
+class LlamaCppRunner:
+    """One llama.cpp instance; `lookup_tokens` > 0 gives it prompt lookup decoding."""
+
+    def __init__(self, gguf: Path, n_ctx: int, lookup_tokens: int = 0, threads: int | None = None):
+        from llama_cpp import Llama
+
+        draft = None
+        if lookup_tokens:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens)
+        threads = threads or os.cpu_count() or 1
+        self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         draft_model=draft, verbose=False)
+        self._positions: list[int] = []
+        original_eval = self.llm.eval
+
+        def counting_eval(tokens):
+            self._positions.append(len(tokens))
+            return original_eval(tokens)
+
+        self.llm.eval = counting_eval  # generate() calls self.eval: count forwards and their sizes
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.llm.detokenize(list(ids)).decode("utf-8", errors="replace")
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, end_ids: set[int]) -> GenerateTiming:
+        self.llm.reset()  # no reuse of the previous prompt's KV: every case starts cold
+        self._positions = []
+        out: list[int] = []
+        first_t = None
+        started = time.perf_counter()
+        for tok in self.llm.generate(list(prompt_ids), top_k=1, top_p=1.0, min_p=0.0, temp=0.0,
+                                     repeat_penalty=1.0, reset=True):
+            if first_t is None:
+                first_t = time.perf_counter()
+            out.append(int(tok))
+            if tok in end_ids or len(out) >= max_new_tokens:
+                break
+        finished = time.perf_counter()
+        first_t = first_t or finished
+        return GenerateTiming(
+            token_ids=out, first_chunk_tokens=1 if out else 0, prefill_ms=(first_t - started) * 1000,
+            first_token_ms=(first_t - started) * 1000, decode_ms=(finished - first_t) * 1000,
+            total_ms=(finished - started) * 1000, forward_positions=list(self._positions),
+            prompt_tokens=len(prompt_ids),
+        )
+
+    def close(self) -> None:
+        close = getattr(self.llm, "close", None)
+        if close is not None:
+            close()

@@ -1,0 +1,159 @@
+"""Which drafter, and how many tokens, pay on this device — measured, not assumed.
+
+At load the engine times target forwards of 1..16 new tokens (and a draft-model step). On a GPU a
+16-token forward costs about as much as a 1-token one, so long drafts are nearly free; on a laptop CPU
+verifying 8 tokens costs ~2.7 decode steps, so a draft must be likely right to pay.
+
+Each step, for each available proposal, expected tokens from verifying k drafted tokens with
+per-token acceptance a is E(k) = 1 + a + ... + a^k (the target always adds one token of its own);
+the step costs T(k) = t_target(k + 1) + k * t_draft. The engine verifies the (drafter, k) with the
+highest E/T, and decodes plainly when nothing beats 1 / t_target(1).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+# Prior acceptance per bucket (successes, failures): lookup matches get more trustworthy with length.
+PRIORS = {
+    "lookup:n8": (3.0, 1.0), "lookup:n6": (2.5, 1.0), "lookup:n4": (2.0, 1.5), "lookup:n3": (1.5, 1.5),
+    "lookup:n2": (1.0, 2.0), "lookup:n1": (0.5, 2.5), "suggestion": (8.0, 1.0), "model": (3.0, 1.0),
+}
+GLOBAL_WEIGHT = 0.25  # how much earlier requests count next to this one
+GLOBAL_DECAY = 0.995
+MIN_GAIN = 1.03  # a draft must promise 3% more tokens per second than plain decoding
+
+
+@dataclass
+class ForwardTimes:
+    """Seconds per target forward by number of new tokens, measured on this device."""
+
+    by_tokens: dict[int, float]
+
+    def observe(self, n: int, seconds: float, weight: float = 0.1) -> None:
+        """Keep the table current: load on the machine changes, and so does the cache length."""
+        if n in self.by_tokens:
+            self.by_tokens[n] += weight * (seconds - self.by_tokens[n])
+        else:
+            self.by_tokens[n] = self(n) + weight * (seconds - self(n))
+
+    def __call__(self, n: int) -> float:
+        pts = sorted(self.by_tokens.items())
+        if n in self.by_tokens:
+            return self.by_tokens[n]
+        lo = max((p for p in pts if p[0] <= n), default=pts[0])
+        hi = min((p for p in pts if p[0] >= n), default=pts[-1])
+        if lo[0] == hi[0]:  # outside the measured range: extend the last slope
+            (n1, t1), (n2, t2) = pts[-2:] if n > pts[-1][0] else pts[:2]
+            return max(t1, t1 + (t2 - t1) / (n2 - n1) * (n - n1))
+        return lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0])
+
+
+def measure_forward_times(runner, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3) -> ForwardTimes:
+    """Time forwards of each size on top of a `context`-token cache (medians of `repeats`)."""
+    vocab = runner.model.config.get_text_config().vocab_size
+    base = [(i * 7919) % min(vocab - 20, 1000) + 10 for i in range(context + 1)]
+    runner.start(base, "__cost_model__")
+    runner.sync(base)
+    for n in (1, max(sizes)):  # warm-up: first calls pay for allocations and kernel selection
+        runner.forward(base[1:n + 1])
+        runner.crop_to(context)
+    times = {}
+    for n in sizes:
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            runner.forward(base[1:n + 1])
+            samples.append(time.perf_counter() - t0)
+            runner.crop_to(context)
+        times[n] = statistics.median(samples)
+    runner.cache, runner.tokens = None, []  # don't keep the synthetic cache
+    # Smooth measurement noise with a least-squares line t = a + b*n (b >= 0: more tokens never cost less).
+    ns, ts = list(times), list(times.values())
+    mean_n, mean_t = statistics.fmean(ns), statistics.fmean(ts)
+    var = sum((n - mean_n) ** 2 for n in ns)
+    b = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in zip(ns, ts)) / var) if var else 0.0
+    a = max(mean_t - b * mean_n, 1e-6)
+    return ForwardTimes({n: a + b * n for n in ns})
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class Acceptance:
+    """Per-bucket acceptance: this request's counts, plus decayed counts from earlier requests."""
+
+    lifetime: dict[str, list[float]] = field(default_factory=dict)
+    request: dict[str, list[float]] = field(default_factory=dict)
+
+    def new_request(self) -> None:
+        self.request = {}
+
+    def alpha(self, key: str) -> float:
+        a0, b0 = PRIORS.get(key, (1.0, 1.0))
+        gs, gf = self.lifetime.get(key, (0.0, 0.0))
+        rs, rf = self.request.get(key, (0.0, 0.0))
+        s = a0 + GLOBAL_WEIGHT * gs + rs
+        f = b0 + GLOBAL_WEIGHT * gf + rf
+        return s / (s + f)
+
+    def record(self, key: str, proposed: int, accepted: int) -> None:
+        # Each drafted token up to the first rejection is one trial; the rejection is one failure.
+        fail = 1.0 if accepted < proposed else 0.0
+        for table, decay in ((self.lifetime, GLOBAL_DECAY), (self.request, 1.0)):
+            s, f = table.get(key, (0.0, 0.0))
+            table[key] = [s * decay + accepted, f * decay + fail]
+
+
+@dataclass
+class Plan:
+    source: str  # drafter name, or "none"
+    k: int
+    rate: float  # expected tokens per second
+    key: str = ""
+
+
+class CostModel:
+    def __init__(self, target: ForwardTimes, draft_step_s: float | None = None, max_draft: int = 16):
+        self.t = target
+        self.draft_step_s = draft_step_s
+        self.max_draft = max_draft
+        self.acceptance = Acceptance()
+
+    @property
+    def plain_rate(self) -> float:
+        return 1.0 / self.t(1)
+
+    def best_k(self, alpha: float, max_k: int, step_cost: float = 0.0) -> tuple[int, float]:
+        best = (0, self.plain_rate)
+        for k in range(1, min(max_k, self.max_draft) + 1):
+            rate = expected_tokens(alpha, k) / (self.t(k + 1) + k * step_cost)
+            if rate > best[1]:
+                best = (k, rate)
+        return best
+
+    def plan(self, source: str, key: str, max_k: int, step_cost: float = 0.0) -> Plan:
+        k, rate = self.best_k(self.acceptance.alpha(key), max_k, step_cost)
+        if k == 0 or rate < self.plain_rate * MIN_GAIN:
+            return Plan("none", 0, self.plain_rate)
+        return Plan(source, k, rate, key)
+
+    def model_pays(self, alpha: float = 0.9) -> bool:
+        """Could the draft model beat plain decoding even when it is right 90% of the time?"""
+        if not self.draft_step_s:
+            return False
+        _, rate = self.best_k(alpha, self.max_draft, self.draft_step_s)
+        return rate > self.plain_rate * MIN_GAIN
+
+    def summary(self) -> dict:
+        return {
+            "target_forward_ms": {n: round(s * 1000, 1) for n, s in sorted(self.t.by_tokens.items())},
+            "draft_step_ms": round(self.draft_step_s * 1000, 1) if self.draft_step_s else None,
+            "verify8_over_decode": round(self.t(8) / self.t(1), 2),
+            "acceptance": {k: round(self.acceptance.alpha(k), 3) for k in sorted(self.acceptance.lifetime)},
+        }

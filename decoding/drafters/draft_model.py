@@ -1,0 +1,69 @@
+"""Drafting with a small model that shares the target's tokenizer (e.g. a 0.5B for a 1.5B/7B target).
+
+It keeps its own KV cache (reused across requests like the target's) and stops drafting as soon as
+its own top-1 probability falls under a threshold: a token it is unsure of is probably rejected, and
+on a CPU every drafted token costs real time.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from decoding.drafters.base import Draft, DraftContext, Drafter
+from decoding.runner import ModelRunner
+
+
+class ModelDrafter(Drafter):
+    name = "model"
+
+    def __init__(self, runner: ModelRunner, confidence: float = 0.4):
+        self.runner = runner
+        self.confidence = confidence
+        self.sampler = None
+        self.active = False
+
+    def begin(self, ctx: DraftContext) -> None:
+        self.sampler = ctx.sampling
+        self.runner.start(ctx.prompt_ids, ctx.document)
+        self.active = True
+
+    def catch_up_tokens(self, seq: list[int]) -> int:
+        """How many tokens the draft cache would have to prefill before drafting."""
+        from decoding.kv_cache import common_prefix_len
+
+        return max(0, len(seq) - 1 - common_prefix_len(self.runner.tokens, seq))
+
+    def available(self, seq: list[int]) -> int:
+        return 1 << 10  # a model can always draft; the cost model decides how much
+
+    @torch.inference_mode()
+    def propose(self, seq: list[int], k: int) -> Draft | None:
+        if k <= 0:
+            return None
+        t0 = time.perf_counter()
+        self.runner.sync(seq)
+        tokens: list[int] = []
+        probs = []
+        last = seq[-1]
+        for _ in range(k):
+            logits = self.runner.forward([last])[-1]
+            if self.sampler.greedy:
+                p_top = torch.softmax(logits, -1).max()
+                if tokens and float(p_top) < self.confidence:
+                    break
+                tok = int(logits.argmax())
+            else:
+                tok, p = self.sampler.pick(logits)
+                if tokens and float(p.max()) < self.confidence:
+                    break
+                probs.append(p)
+            tokens.append(tok)
+            last = tok
+        stacked = torch.stack(probs) if probs else None
+        return Draft(tokens, self.name, probs=stacked, key="model", cost_s=time.perf_counter() - t0)
+
+    def end(self) -> None:
+        if self.active:
+            self.runner.finish()
+            self.active = False

@@ -1,0 +1,367 @@
+"""The engine: owns the models, a worker thread that runs them, and everything a request needs."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import fields, replace
+from typing import Callable
+
+from decoding.api import DRAFTERS, SCOPES, CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
+from decoding.errors import DraftwiseError, EngineNotReady, ModelLoadError, ModelSpecError
+
+log = logging.getLogger("draftwise.engine")
+
+Progress = Callable[[str, "float | None"], None]
+
+
+class Job:
+    """One submitted request: cancel it from any thread, await it from asyncio."""
+
+    def __init__(self, request: CompletionRequest, cancel: CancelToken | None = None):
+        self.request = request
+        self.cancel_token = cancel or CancelToken()
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def cancel(self) -> None:
+        self.cancel_token.cancel()
+
+    def result(self, timeout: float | None = None) -> CompletionResult:
+        return self.future.result(timeout)
+
+    def __await__(self):
+        return asyncio.wrap_future(self.future).__await__()
+
+
+def _available_memory_bytes(device) -> int | None:
+    try:
+        if device.type == "cuda":
+            import torch
+
+            free, _ = torch.cuda.mem_get_info(device)
+            return free
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, RuntimeError, ValueError):
+        pass
+    return None
+
+
+class Engine:
+    def __init__(self, config: EngineConfig | None = None):
+        self.config = config or EngineConfig()
+        if self.config.drafter not in DRAFTERS:
+            raise ModelSpecError(f"unknown drafter '{self.config.drafter}': use one of {', '.join(DRAFTERS)}")
+        self.state = "idle"
+        self.error: str | None = None
+        self.target = None  # LoadedModel
+        self.draft = None  # LoadedModel, when a draft model is loaded
+        self.draft_note = ""  # why the draft model is (not) used
+        self.cost = None
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._jobs: dict[str, Job] = {}  # latest job per document
+        self._lock = threading.Lock()
+        self._cumulative = RequestStats(drafter=self.config.drafter)
+        self._last: RequestStats | None = None
+        self._requests = 0
+        self._closed = False
+
+    # ---- worker thread ------------------------------------------------------------------------
+    def _ensure_worker(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="draftwise-engine", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            while True:
+                task = self._queue.get()
+                if task is None:
+                    return
+                fn, future = task
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                    future.set_exception(exc)
+
+    def _call(self, fn) -> concurrent.futures.Future:
+        if self._closed:
+            raise DraftwiseError("the engine is closed")
+        self._ensure_worker()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((fn, future))
+        return future
+
+    # ---- loading ------------------------------------------------------------------------------
+    def start_loading(self, progress: Progress | None = None) -> concurrent.futures.Future:
+        self.state = "loading"
+        self.error = None
+        return self._call(lambda: self._load(progress or (lambda msg, frac: None)))
+
+    def load(self, progress: Progress | None = None) -> None:
+        self.start_loading(progress).result()
+
+    def _load(self, progress: Progress) -> None:
+        try:
+            self._load_models(progress)
+        except DraftwiseError as exc:
+            self.state, self.error = "failed", str(exc)
+            raise
+        except Exception as exc:  # anything else from torch/transformers: keep it one clear line
+            self.state, self.error = "failed", f"loading failed: {type(exc).__name__}: {exc}".splitlines()[0]
+            raise ModelLoadError(self.error) from exc
+        self.state = "ready"
+
+    def _load_models(self, progress: Progress) -> None:
+        from transformers.utils import logging as hf_logging
+
+        from decoding.cost_model import CostModel, measure_forward_times
+        from decoding.drafters.draft_model import ModelDrafter
+        from decoding.drafters.lookup import LookupDrafter
+        from decoding.drafters.suggestion import SuggestionDrafter, SuggestionMemory
+        from decoding.models.loading import load_model
+        from decoding.prompt import PromptBuilder, end_token_ids
+        from decoding.runner import ModelRunner
+
+        hf_logging.disable_progress_bar()
+        cfg = self.config
+        budget = cfg.cache_mb * 1024 * 1024
+        progress(f"loading target {cfg.target}", 0.05)
+        self.target = load_model(cfg.target, cfg.device, cfg.dtype, cfg.trust_remote_code)
+        self.tokenizer = self.target.tokenizer
+        self.prompts = PromptBuilder(self.tokenizer, cfg.context_tokens)
+        self.end_ids = end_token_ids(self.tokenizer, self.prompts.template)
+        self.target_runner = ModelRunner(self.target, budget)
+        progress("measuring forward costs on this device", 0.5)
+        self.cost = CostModel(measure_forward_times(self.target_runner, repeats=3 if cfg.measure_cost else 1))
+        self.memory = SuggestionMemory()
+        self.drafters = {"lookup": LookupDrafter(), "suggestion": SuggestionDrafter(self.memory, self.tokenizer)}
+        if cfg.draft and cfg.draft != "none":
+            progress(f"loading draft {cfg.draft}", 0.6)
+            self._load_draft(load_model, ModelRunner, ModelDrafter, measure_forward_times, budget)
+        progress("ready", 1.0)
+        log.info("engine ready: target=%s draft=%s device=%s dtype=%s cost=%s", self.target.name,
+                 self.draft.name if self.draft else None, self.target.device, self.target.dtype, self.cost.summary())
+
+    def _load_draft(self, load_model, ModelRunner, ModelDrafter, measure_forward_times, budget) -> None:
+        cfg = self.config
+        try:
+            from decoding.models.specs import parse_model_spec
+
+            spec = parse_model_spec(cfg.draft)
+            free = _available_memory_bytes(self.target.device)
+            need = self._estimate_bytes(cfg.draft)
+            if free is not None and need is not None and need * 1.2 > free:
+                self.draft_note = f"not loaded: needs ~{need >> 20} MiB, {free >> 20} MiB free"
+                log.warning("draft model %s %s", spec.value, self.draft_note)
+                return
+            draft = load_model(cfg.draft, cfg.device, cfg.dtype, cfg.trust_remote_code)
+            if draft.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+                self.draft_note = "not used: its tokenizer differs from the target's"
+                log.warning("draft model %s %s", cfg.draft, self.draft_note)
+                return
+            runner = ModelRunner(draft, budget // 2)
+            self.cost.draft_step_s = measure_forward_times(runner, sizes=(1, 2), repeats=3).by_tokens[1]
+            pays = self.cost.model_pays()
+            if not pays and cfg.drafter == "auto":
+                self.draft_note = (f"unloaded: a draft step costs {self.cost.draft_step_s / self.cost.t(1):.2f} "
+                                   "target steps, too much to pay even at 90% acceptance")
+                log.info("draft model %s %s", cfg.draft, self.draft_note)
+                return
+            self.draft = draft
+            self.draft_note = "pays" if pays else "kept because --drafter model asks for it; it does not pay here"
+            self.drafters["model"] = ModelDrafter(runner)
+        except DraftwiseError as exc:
+            # The target alone still serves completions; say why the draft is missing.
+            self.draft_note = f"failed to load: {exc}"
+            log.warning("draft model %s", self.draft_note)
+
+    @staticmethod
+    def _estimate_bytes(spec_text: str) -> int | None:
+        from pathlib import Path
+
+        from decoding.models import pack
+        from decoding.models.specs import parse_model_spec
+
+        spec = parse_model_spec(spec_text)
+        root = pack.preset_dir(spec.preset) if spec.preset else Path(spec.value) if spec.kind == "hf_dir" else None
+        if root is None or not root.exists():
+            return None
+        return sum(f.stat().st_size for f in root.glob("*.safetensors"))
+
+    # ---- requests -----------------------------------------------------------------------------
+    def build_prompt(self, request: CompletionRequest) -> list[int]:
+        self._require_ready()
+        return self.prompts.build(request.prefix, request.suffix, request.path, request.context).ids
+
+    def clear_caches(self) -> None:
+        """Forget every stored KV cache and suggestion (benchmarks measure cold requests with it)."""
+        self._require_ready()
+
+        def clear():
+            self.target_runner.store.clear()
+            if "model" in self.drafters:
+                self.drafters["model"].runner.store.clear()
+            self.memory = type(self.memory)()
+            self.drafters["suggestion"].memory = self.memory
+
+        self._call(clear).result()
+
+    def _require_ready(self) -> None:
+        if self.state != "ready":
+            why = f": {self.error}" if self.error else ""
+            raise EngineNotReady(f"the model is not ready (state {self.state}{why})")
+
+    def submit(self, request: CompletionRequest, cancel: CancelToken | None = None) -> Job:
+        self._require_ready()
+        if request.drafter is not None and request.drafter not in DRAFTERS:
+            raise ModelSpecError(f"unknown drafter '{request.drafter}': use one of {', '.join(DRAFTERS)}")
+        if request.scope not in SCOPES:
+            raise ModelSpecError(f"unknown scope '{request.scope}': use one of {', '.join(SCOPES)}")
+        job = Job(request, cancel)
+        with self._lock:
+            previous = self._jobs.get(request.document)
+            self._jobs[request.document] = job
+        if previous is not None:
+            previous.cancel()  # latest wins, even inside the verify loop
+        inner = self._call(lambda: self._run(job))
+        inner.add_done_callback(lambda f: self._settle(job, f))
+        return job
+
+    def _settle(self, job: Job, inner: concurrent.futures.Future) -> None:
+        with self._lock:
+            if self._jobs.get(job.request.document) is job:
+                del self._jobs[job.request.document]
+        if inner.exception() is not None:
+            job.future.set_exception(inner.exception())
+        else:
+            job.future.set_result(inner.result())
+
+    def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
+        return self.submit(request, cancel).result()
+
+    def _run(self, job: Job) -> CompletionResult:
+        from decoding.drafters.base import DraftContext
+        from decoding.languages import language_from_path
+        from decoding.runner import Cancelled
+        from decoding.sampling import Sampler
+        from decoding.speculative import Finish, speculative_decode
+        from decoding.stop_rules import StopRules, resolve_scope
+        from decoding.policy import DraftPolicy
+
+        req, cancel = job.request, job.cancel_token
+        mode = req.drafter or self.config.drafter
+        stats = RequestStats(drafter=mode)
+        started = time.perf_counter()
+        text = ""
+        if cancel.cancelled:  # cancelled while queued: no model time spent
+            stats.stopped = "cancelled"
+            return self._record(CompletionResult("", stats))
+        runner = self.target_runner
+        runner.on_forward = lambda: cancel.cancelled and self._count_after_cancel(stats)
+        prompt = self.build_prompt(req)
+        stats.prompt_tokens = len(prompt)
+        language = req.language or language_from_path(req.path)
+        scope = resolve_scope(req.prefix, req.suffix, language, req.scope)
+        rules = StopRules.for_request(req.prefix, req.suffix, language, scope)
+        max_tokens = req.max_tokens or self.config.max_tokens
+        sampler = Sampler(req.temperature, req.top_p, req.top_k, req.seed)
+        drafters = dict(self.drafters)
+        policy = DraftPolicy(mode, drafters, self.cost, stats)
+        finish = Finish(self.end_ids, max_tokens, self._decode, rules.check,
+                        time.monotonic() + req.time_limit_s if req.time_limit_s else None)
+        seq = list(prompt)
+        try:
+            stats.reused_prompt_tokens = runner.start(prompt, req.document)
+            runner.sync(seq, cancel)
+            stats.prefill_ms = (time.perf_counter() - started) * 1000
+            policy.begin(DraftContext(prompt, req.prefix, req.suffix, req.document, sampler))
+            try:
+                if "model" in policy.drafters:  # the draft model catches up on the prompt now, once
+                    policy.drafters["model"].runner.sync(seq, cancel)
+                generated = speculative_decode(runner, seq, policy, sampler, finish, cancel, stats, started)
+            finally:
+                policy.end()
+        except Cancelled:
+            stats.stopped = "cancelled"
+            generated = []
+        finally:
+            runner.finish()
+            runner.on_forward = None
+        stats.generated_tokens = len(generated)
+        stats.decode_ms = (time.perf_counter() - started) * 1000 - stats.prefill_ms
+        # A cancelled request keeps what it had; otherwise Finish says where the completion ends
+        # (speculation may have accepted a few tokens past that point).
+        kept = generated if stats.stopped == "cancelled" else generated[:finish.keep_tokens]
+        text = self._decode(kept)
+        if finish.keep_chars is not None:
+            text = text[:finish.keep_chars]
+        if stats.stopped != "cancelled":
+            self.memory.remember(req.document, req.prefix, req.suffix, text)
+        return self._record(CompletionResult(text, stats))
+
+    @staticmethod
+    def _count_after_cancel(stats: RequestStats) -> None:
+        stats.forwards_after_cancel += 1
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _record(self, result: CompletionResult) -> CompletionResult:
+        s, c = result.stats, self._cumulative
+        with self._lock:
+            self._requests += 1
+            self._last = s
+            for f in fields(RequestStats):
+                v = getattr(s, f.name)
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    setattr(c, f.name, getattr(c, f.name) + v)
+                elif isinstance(v, dict):
+                    merged = getattr(c, f.name)
+                    for k, n in v.items():
+                        merged[k] = merged.get(k, 0) + n
+        return result
+
+    # ---- reporting ----------------------------------------------------------------------------
+    def info(self) -> dict:
+        t = self.target
+        return {
+            "state": self.state, "error": self.error, "target": self.config.target,
+            "target_name": t.name if t else None, "draft": self.config.draft,
+            "draft_loaded": self.draft is not None, "draft_note": self.draft_note,
+            "drafter": self.config.drafter, "device": str(t.device) if t else self.config.device,
+            "dtype": str(t.dtype).replace("torch.", "") if t else self.config.dtype,
+            "fim_template": self.prompts.template.family if t else None,
+            "cost_model": self.cost.summary() if self.cost else None,
+        }
+
+    def stats(self) -> dict:
+        with self._lock:
+            cumulative = replace(self._cumulative, drafted_by=dict(self._cumulative.drafted_by),
+                                 accepted_by=dict(self._cumulative.accepted_by),
+                                 decisions=dict(self._cumulative.decisions))
+            last = self._last
+            n = self._requests
+        return {"requests": n, "cumulative": cumulative.to_dict(), "last": last.to_dict() if last else None}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            for job in self._jobs.values():
+                job.cancel()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)

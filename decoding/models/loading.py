@@ -1,0 +1,129 @@
+"""Load a model named by a spec: safetensors only, trust_remote_code off unless asked."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from decoding.errors import ModelLoadError, ModelNotAvailable, ModelSpecError
+from decoding.models import pack
+from decoding.models.specs import PRESETS, ModelSpec, parse_model_spec
+
+log = logging.getLogger(__name__)
+
+HUB_HOST = "huggingface.co"
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # a transformers PreTrainedModel in eval mode
+    tokenizer: Any  # a PreTrainedTokenizerFast
+    spec: ModelSpec
+    device: Any  # torch.device
+    dtype: Any  # torch.dtype
+    name: str  # what to show users
+
+    @property
+    def param_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+def resolve_device(device: str = "auto", dtype: str = "auto"):
+    """auto: CUDA in bf16, else Apple MPS in fp16, else CPU in fp32 (bf16 on CPU is ~6x slower)."""
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            device = "cuda"
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            device = "mps"
+        else:
+            device = "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ModelSpecError(f"unknown device '{device}': use auto, cpu, cuda, cuda:N or mps") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelSpecError("device 'cuda' was asked for but no CUDA GPU is visible to torch")
+    if dtype == "auto":
+        dtype = {"cuda": "bfloat16", "mps": "float16"}.get(dev.type, "float32")
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ModelSpecError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
+    return dev, names[dtype]
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE") in ("1", "true", "True"):
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://" + HUB_HOST).split("://", 1)[-1].split("/", 1)[0]
+    host, _, port = endpoint.partition(":")
+    try:
+        with socket.create_connection((host, int(port or 443)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def model_source(spec: ModelSpec) -> tuple[str, dict]:
+    """Where from_pretrained should read, and the extra arguments it needs."""
+    if spec.kind == "preset":
+        if not pack.is_pulled(spec.preset):
+            raise ModelNotAvailable(
+                f"model '{spec.value}' is not pulled yet: run `draftwise models pull {spec.value}`"
+            )
+        return str(pack.preset_dir(spec.preset)), {}
+    if spec.kind == "hf_dir":
+        if not list(Path(spec.value).glob("*.safetensors")):
+            raise ModelLoadError(
+                f"{spec.value} has no .safetensors weights; draftwise never loads pickle (.bin/.pt) weights"
+            )
+        return spec.value, {}
+    if spec.kind == "gguf":
+        from transformers import GgufConfig
+
+        p = Path(spec.value)
+        return str(p.parent), {"gguf_file": p.name, "quantization_config": GgufConfig(dequantize=True)}
+    # hub id: the local hub cache first, then the network, failing fast when it is unreachable
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(spec.value, local_files_only=True, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model"]), {}
+    except Exception:
+        pass
+    if not _hub_reachable():
+        raise ModelNotAvailable(
+            f"cannot reach the model hub to fetch '{spec.value}'; offline presets: {', '.join(PRESETS)} "
+            "(`draftwise models pull`)"
+        )
+    return spec.value, {}
+
+
+def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False) -> LoadedModel:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = parse_model_spec(spec_text)
+    dev, torch_dtype = resolve_device(device, dtype)
+    source, extra = model_source(spec)
+    tok_extra = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **tok_extra)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+            use_safetensors=None if "gguf_file" in extra else True, **extra,
+        )
+    except torch.cuda.OutOfMemoryError as exc:
+        raise ModelLoadError(f"out of GPU memory while loading '{spec_text}'; try a smaller model or --device cpu") from exc
+    except MemoryError as exc:
+        raise ModelLoadError(f"out of memory while loading '{spec_text}'") from exc
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelLoadError(f"could not load '{spec_text}': {first}") from exc
+    model.to(dev).eval()
+    name = spec.preset.display if spec.preset else Path(spec.value).name if spec.kind != "hub" else spec.value
+    return LoadedModel(model, tokenizer, spec, dev, torch_dtype, name)

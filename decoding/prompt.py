@@ -1,0 +1,160 @@
+"""Fill-in-the-middle prompts, built as token ids, laid out so that KV caches can be reused.
+
+Layout (why it looks like this):
+- Everything that is stable across keystrokes comes first: other files' context, then the current
+  file's prefix. A request a few keystrokes later shares the whole token prefix up to the edit point,
+  so only the tokens after it are prefilled again.
+- The suffix comes after the prefix (prefix-suffix-middle, the layout these models are trained on),
+  which means every edit re-prefills the suffix section. We keep the suffix budget small (default
+  at most 1/8 of the budget and 128 tokens): the few lines after the cursor carry most of its value, and
+  each suffix token costs prefill time on every keystroke.
+- The prefix is cut at a line boundary that moves in steps of PREFIX_CUT_STEP lines, so the start of
+  the prompt stays put while the user types and the cache keeps matching.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Sequence
+
+from decoding.api import ContextFile
+
+PREFIX_CUT_STEP = 32  # lines
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    family: str
+    prefix: str | None  # special token strings; None for plain left-to-right prompts
+    suffix: str | None
+    middle: str | None
+    file_sep: str | None = None  # repo-level context separator, when the family has one
+    repo_name: str | None = None
+    end_tokens: tuple[str, ...] = ()  # tokens that end the middle (besides the tokenizer's EOS)
+
+    @property
+    def is_fim(self) -> bool:
+        return self.prefix is not None
+
+
+TEMPLATES = (
+    FimTemplate("qwen2.5-coder", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>",
+                "<|repo_name|>", ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|im_end|>",
+                                  "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>")),
+    FimTemplate("starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>", "<repo_name>",
+                ("<|endoftext|>", "<file_sep>", "<fim_pad>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>")),
+    FimTemplate("deepseek-coder", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>", None, None,
+                ("<｜end▁of▁sentence｜>", "<|EOT|>")),
+    FimTemplate("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>", None, None, ("▁<EOT>", "</s>")),
+)
+PLAIN = FimTemplate("plain", None, None, None)
+
+
+def detect_template(tokenizer) -> FimTemplate:
+    """Pick the FIM format whose special tokens this tokenizer has; plain left-to-right otherwise."""
+    vocab = tokenizer.get_vocab()
+    for t in TEMPLATES:
+        if all(tok in vocab for tok in (t.prefix, t.suffix, t.middle)):
+            return t
+    return PLAIN
+
+
+def end_token_ids(tokenizer, template: FimTemplate) -> set[int]:
+    vocab = tokenizer.get_vocab()
+    ids = {vocab[t] for t in template.end_tokens if t in vocab}
+    eos = tokenizer.eos_token_id
+    if isinstance(eos, int):
+        ids.add(eos)
+    for extra in ("<|endoftext|>", "<|im_end|>", "</s>"):
+        if extra in vocab:
+            ids.add(vocab[extra])
+    return ids
+
+
+@dataclass
+class PromptParts:
+    ids: list[int]
+    prefix_chars_dropped: int  # how much of the prefix did not fit
+    suffix_chars_kept: int
+    context_files: int  # how many other files made it in
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer, budget: int = 1536, suffix_share: float = 0.125, max_suffix_tokens: int = 128):
+        self.tok = tokenizer
+        self.template = detect_template(tokenizer)
+        self.budget = budget
+        self.suffix_budget = min(max_suffix_tokens, int(budget * suffix_share))
+        vocab = tokenizer.get_vocab()
+        self._special = {s: vocab[s] for s in (self.template.prefix, self.template.suffix, self.template.middle,
+                                               self.template.file_sep, self.template.repo_name) if s and s in vocab}
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False) if text else []
+
+    def _fit_prefix(self, prefix: str, budget: int) -> tuple[list[int], int]:
+        """Tokens of the longest line-aligned tail of prefix that fits; the cut moves in steps."""
+        if budget <= 0:
+            return [], len(prefix)
+        ids = self.encode(prefix)
+        if len(ids) <= budget:
+            return ids, 0
+        line_starts = [0] + [i + 1 for i, ch in enumerate(prefix) if ch == "\n"]
+        # Find the first line whose tail fits, by tokenizing a generous tail with offsets.
+        enc = self.tok(prefix, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+        first_token_that_fits = len(offsets) - budget
+        min_char = offsets[first_token_that_fits][0]
+        line = bisect.bisect_left(line_starts, min_char)
+        line = -(-line // PREFIX_CUT_STEP) * PREFIX_CUT_STEP  # round up to a step: a stable start
+        if line >= len(line_starts):
+            cut = min_char  # a single huge line: cut mid-line
+        else:
+            cut = line_starts[line]
+        ids = self.encode(prefix[cut:])
+        while len(ids) > budget:  # rare: re-tokenizing at a boundary changed the count
+            nxt = prefix.find("\n", cut) + 1
+            cut = nxt if nxt > 0 else len(prefix) - budget
+            ids = self.encode(prefix[cut:])
+        return ids, cut
+
+    def _fit_suffix(self, suffix: str, budget: int) -> tuple[list[int], int]:
+        ids = self.encode(suffix)
+        if len(ids) <= budget:
+            return ids, len(suffix)
+        keep = suffix
+        lines = suffix.splitlines(keepends=True)
+        while lines:
+            lines.pop()
+            keep = "".join(lines)
+            ids = self.encode(keep)
+            if len(ids) <= budget:
+                return ids, len(keep)
+        return [], 0
+
+    def build(self, prefix: str, suffix: str = "", path: str = "", context: Sequence[ContextFile] = ()) -> PromptParts:
+        t, sp = self.template, self._special
+        if not t.is_fim:
+            pre_ids, dropped = self._fit_prefix(prefix, self.budget)
+            return PromptParts(pre_ids, dropped, 0, 0)
+        suf_ids, suf_kept = self._fit_suffix(suffix, self.suffix_budget)
+        prefix_budget = self.budget - len(suf_ids) - 8
+        pre_ids, dropped = self._fit_prefix(prefix, prefix_budget)
+        header: list[int] = []
+        used_files = 0
+        room = prefix_budget - len(pre_ids)
+        if t.file_sep and t.file_sep in sp and context:
+            for f in context:
+                ids = [sp[t.file_sep]] + self.encode(f"{f.path}\n{f.text.rstrip()}\n")
+                if len(ids) > room:
+                    continue  # a smaller file later in the list may still fit
+                header += ids
+                room -= len(ids)
+                used_files += 1
+            if used_files:
+                header += [sp[t.file_sep]] + self.encode(f"{path or 'current'}\n")
+        if t.family == "codellama":  # "<PRE> {prefix} <SUF>{suffix} <MID>"
+            ids = header + [sp[t.prefix]] + self.encode(" ") + pre_ids + self.encode(" ") + [sp[t.suffix]] + suf_ids + self.encode(" ") + [sp[t.middle]]
+        else:
+            ids = header + [sp[t.prefix]] + pre_ids + [sp[t.suffix]] + suf_ids + [sp[t.middle]]
+        return PromptParts(ids, dropped, suf_kept, used_files)

@@ -1,0 +1,97 @@
+"""A model plus the KV cache of the sequence it is working on.
+
+Invariant between calls: `self.tokens` lists exactly the tokens whose keys/values are in the cache.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import time
+
+import torch
+from transformers import DynamicCache
+
+from decoding.api import CancelToken
+from decoding.kv_cache import KVStore, common_prefix_len
+from decoding.models.loading import LoadedModel
+
+PREFILL_CHUNK = 256  # tokens per prefill forward: bounds the wait for a cancel during long prefills
+
+
+def kv_bytes_per_token(model) -> int:
+    cfg = model.config
+    text_cfg = getattr(cfg, "text_config", cfg)
+    heads = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
+    head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+    elem = next(model.parameters()).element_size()
+    return 2 * text_cfg.num_hidden_layers * heads * head_dim * elem
+
+
+class Cancelled(Exception):
+    pass
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, cache_budget_bytes: int):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.device = loaded.device
+        self.store = KVStore(kv_bytes_per_token(self.model), cache_budget_bytes)
+        # transformers 5.x renamed past_key_values to cache; accept either release.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache: DynamicCache | None = None
+        self.tokens: list[int] = []
+        self.document = ""
+        self.forwards = 0  # lifetime count, read by tests and stats
+        self.on_forward = None  # called after every forward (the engine counts forwards after a cancel)
+        # Test-only switch: make each forward slow enough to cancel mid-generation with a tiny model.
+        self.test_delay_s = float(os.environ.get("DRAFTWISE_TEST_FORWARD_DELAY_MS", "0") or 0) / 1000.0
+
+    def start(self, ids: list[int], document: str) -> int:
+        """Take the best stored cache for this prompt; returns how many prompt tokens it covers."""
+        self.document = document
+        got = self.store.take(ids, document)
+        if got is None:
+            self.cache, self.tokens = DynamicCache(config=self.model.config), []
+        else:
+            self.cache, self.tokens = got
+        return len(self.tokens)
+
+    def finish(self) -> None:
+        if self.cache is not None:
+            self.store.put(self.cache, self.tokens, self.document)
+        self.cache, self.tokens = None, []
+
+    def crop_to(self, n: int) -> None:
+        if n < len(self.tokens):
+            self.cache.crop(n - len(self.tokens))
+            del self.tokens[n:]
+
+    @torch.inference_mode()
+    def forward(self, ids: list[int], logits_to_keep: int | None = None) -> torch.Tensor:
+        """Append ids to the cache; return float logits [n, V] for the last n positions."""
+        keep = len(ids) if logits_to_keep is None else logits_to_keep
+        inp = torch.tensor([ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=inp, use_cache=True, logits_to_keep=keep, **{self._cache_kw: self.cache})
+        self.tokens.extend(ids)
+        self.forwards += 1
+        if self.test_delay_s:
+            time.sleep(self.test_delay_s)
+        if self.on_forward is not None:
+            self.on_forward()
+        return out.logits[0].float()
+
+    def sync(self, seq: list[int], cancel: CancelToken | None = None) -> int:
+        """Make the cache hold seq[:-1] (crop where it diverges, feed what is missing). Returns tokens fed."""
+        keep = min(common_prefix_len(self.tokens, seq), len(seq) - 1)
+        self.crop_to(keep)
+        missing = seq[keep:len(seq) - 1]
+        for i in range(0, len(missing), PREFILL_CHUNK):
+            if cancel is not None and cancel.cancelled:
+                raise Cancelled()
+            self.forward(missing[i:i + PREFILL_CHUNK], logits_to_keep=1)
+        return len(missing)
+
+    def reset_store(self) -> None:
+        self.store.clear()

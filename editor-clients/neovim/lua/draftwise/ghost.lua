@@ -1,0 +1,387 @@
+-- Inline suggestions for Neovim before 0.12 (which has vim.lsp.inline_completion): requests
+-- textDocument/inlineCompletion after a pause in typing, draws the suggestion as ghost text with
+-- extmarks, drops replies that no longer match the buffer, and accepts, accepts a line or dismisses.
+local compat = require('draftwise.compat')
+
+local M = {}
+
+local ns = vim.api.nvim_create_namespace('draftwise_ghost')
+local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2
+
+---@class draftwise.Suggestion
+---@field bufnr integer
+---@field client_id integer
+---@field row integer      0-based cursor row when shown
+---@field col integer      byte column of the cursor when shown
+---@field tick integer     changedtick when shown
+---@field insert string    full text the item inserts over [start_col, end_col)
+---@field start_col integer
+---@field end_col integer
+---@field ghost string     the part not yet typed (what is drawn)
+---@field command table?   the item's command, run after accepting
+---@field extmark integer
+
+---@type table<integer, {timer: uv.uv_timer_t?, seq: integer, pending: {client: vim.lsp.Client, id: integer}?, suggestion: draftwise.Suggestion?, group: integer}>
+local buffers = {}
+
+local function draftwise()
+  return require('draftwise')
+end
+
+local function snippet_text(value)
+  -- Plain text of a snippet: placeholders keep their default text, tab stops vanish.
+  local text = value:gsub('%${%d+:([^}]*)}', '%1'):gsub('%$%d+', ''):gsub('\\([$}\\])', '%1')
+  return text
+end
+
+local function item_text(item)
+  local text = item.insertText
+  if type(text) == 'table' then
+    return text.kind == 'snippet' and snippet_text(text.value or '') or (text.value or '')
+  end
+  return text or ''
+end
+
+local function clear_extmark(state)
+  local s = state.suggestion
+  if s and vim.api.nvim_buf_is_valid(s.bufnr) then
+    pcall(vim.api.nvim_buf_del_extmark, s.bufnr, ns, s.extmark)
+  end
+  state.suggestion = nil
+end
+
+local function cancel_pending(state)
+  if state.pending then
+    pcall(compat.cancel_request, state.pending.client, state.pending.id)
+    state.pending = nil
+  end
+end
+
+--- Removes the suggestion and cancels any request in flight.
+function M.clear(bufnr)
+  local state = buffers[bufnr]
+  if not state then
+    return
+  end
+  state.seq = state.seq + 1
+  if state.timer then
+    state.timer:stop()
+  end
+  cancel_pending(state)
+  clear_extmark(state)
+end
+
+local function in_insert_mode()
+  local mode = vim.api.nvim_get_mode().mode
+  return mode:sub(1, 1) == 'i' or mode:sub(1, 1) == 'R'
+end
+
+local function cursor()
+  local pos = vim.api.nvim_win_get_cursor(0)
+  return pos[1] - 1, pos[2]
+end
+
+---@return draftwise.Suggestion?
+local function make_suggestion(bufnr, client, item, row, col, tick)
+  local insert = item_text(item)
+  local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+  local start_col, end_col = col, col
+  if type(item.range) == 'table' then
+    local r = item.range
+    if r.start.line ~= row or r['end'].line ~= row then
+      return nil -- the protocol allows only single-line ranges on the cursor's line
+    end
+    start_col = compat.byte_col(line, r.start.character, client.offset_encoding)
+    end_col = compat.byte_col(line, r['end'].character, client.offset_encoding)
+    if start_col > col or end_col < col then
+      return nil
+    end
+  end
+  local typed = line:sub(start_col + 1, col)
+  if insert:sub(1, #typed) ~= typed then
+    return nil -- the suggestion no longer continues what is typed
+  end
+  local ghost = insert:sub(#typed + 1)
+  -- Text after the cursor that the item replaces and repeats at its end stays visible once.
+  local replaced = line:sub(col + 1, end_col)
+  if replaced ~= '' and not ghost:find('\n', 1, true) and ghost:sub(-#replaced) == replaced then
+    ghost = ghost:sub(1, #ghost - #replaced)
+  end
+  if ghost == '' and replaced == '' then
+    return nil
+  end
+  return {
+    bufnr = bufnr,
+    client_id = client.id,
+    row = row,
+    col = col,
+    tick = tick,
+    insert = insert,
+    start_col = start_col,
+    end_col = end_col,
+    ghost = ghost,
+    command = item.command,
+  }
+end
+
+local function draw(s)
+  local hl = draftwise().config.highlight
+  local lines = vim.split(s.ghost, '\n', { plain = true })
+  local opts = { hl_mode = 'combine', priority = 200 }
+  if lines[1] ~= '' then
+    opts.virt_text = { { lines[1], hl } }
+    if compat.has('0.10') then
+      opts.virt_text_pos = 'inline'
+    else
+      local line = vim.api.nvim_buf_get_lines(s.bufnr, s.row, s.row + 1, false)[1] or ''
+      opts.virt_text_pos = s.col >= #line and 'overlay' or 'eol'
+    end
+  end
+  if #lines > 1 then
+    opts.virt_lines = {}
+    for i = 2, #lines do
+      table.insert(opts.virt_lines, { { lines[i], hl } })
+    end
+  end
+  s.extmark = vim.api.nvim_buf_set_extmark(s.bufnr, ns, s.row, s.col, opts)
+end
+
+local function first_item(result)
+  if type(result) ~= 'table' then
+    return nil
+  end
+  local items = result.items or result
+  for _, item in ipairs(items) do
+    if item_text(item) ~= '' then
+      return item
+    end
+  end
+  return nil
+end
+
+--- Asks the server for a suggestion at the cursor now.
+---@param kind integer? 1 = invoked, 2 = automatic
+function M.trigger(bufnr, kind)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  local state = buffers[bufnr]
+  local client = draftwise().client()
+  if not state or not client or vim.api.nvim_get_current_buf() ~= bufnr then
+    return
+  end
+  M.clear(bufnr)
+  local seq = state.seq
+  local row, col = cursor()
+  local tick = vim.api.nvim_buf_get_changedtick(bufnr)
+  local params = compat.position_params(0, client.offset_encoding)
+  params.context = { triggerKind = kind or TRIGGER_AUTOMATIC }
+  local ok, id = compat.request(client, 'textDocument/inlineCompletion', params, function(err, result)
+    if state.seq ~= seq then
+      return -- a newer request or an edit superseded this one
+    end
+    state.pending = nil
+    if err then
+      vim.notify_once('draftwise: ' .. (err.message or tostring(err)), vim.log.levels.WARN)
+      return
+    end
+    if vim.api.nvim_get_current_buf() ~= bufnr or not in_insert_mode()
+      or vim.api.nvim_buf_get_changedtick(bufnr) ~= tick then
+      return
+    end
+    local now_row, now_col = cursor()
+    if now_row ~= row or now_col ~= col then
+      return
+    end
+    local item = first_item(result)
+    local s = item and make_suggestion(bufnr, client, item, row, col, tick)
+    if s then
+      draw(s)
+      state.suggestion = s
+    end
+    draftwise().refresh_stats_soon()
+  end, bufnr)
+  if ok and id then
+    state.pending = { client = client, id = id }
+  end
+end
+
+local function schedule(bufnr)
+  local state = buffers[bufnr]
+  local config = draftwise().config
+  if not state or not config.auto_trigger then
+    return
+  end
+  M.clear(bufnr)
+  state.timer = state.timer or compat.uv.new_timer()
+  state.timer:start(config.debounce_ms, 0, vim.schedule_wrap(function()
+    if vim.api.nvim_buf_is_valid(bufnr) and in_insert_mode() then
+      M.trigger(bufnr, TRIGGER_AUTOMATIC)
+    end
+  end))
+end
+
+---@return draftwise.Suggestion?
+local function current()
+  local bufnr = vim.api.nvim_get_current_buf()
+  local state = buffers[bufnr]
+  local s = state and state.suggestion
+  if not s then
+    return nil
+  end
+  local row, col = cursor()
+  if s.tick ~= vim.api.nvim_buf_get_changedtick(bufnr) or row ~= s.row or col ~= s.col then
+    M.clear(bufnr)
+    return nil
+  end
+  return s
+end
+
+--- Whether a suggestion is shown in the current buffer.
+function M.visible()
+  return current() ~= nil
+end
+
+--- The shown suggestion's text (what Tab would insert after the cursor), for tests and statuslines.
+function M.suggestion_text()
+  local s = current()
+  return s and s.ghost or nil
+end
+
+local function execute(s, command)
+  local client = vim.lsp.get_client_by_id(s.client_id)
+  if not client or not command then
+    return
+  end
+  compat.request(client, 'workspace/executeCommand', {
+    command = command.command,
+    arguments = command.arguments,
+  }, function(err)
+    if err then
+      vim.notify_once('draftwise: ' .. command.command .. ': ' .. (err.message or ''), vim.log.levels.WARN)
+    end
+    draftwise().refresh_stats_soon()
+  end, s.bufnr)
+end
+
+local function put_text(s, start_col, end_col, text)
+  local lines = vim.split(text, '\n', { plain = true })
+  M.clear(s.bufnr)
+  vim.api.nvim_buf_set_text(s.bufnr, s.row, start_col, s.row, end_col, lines)
+  local last_row = s.row + #lines - 1
+  local last_col = #lines == 1 and start_col + #lines[1] or #lines[#lines]
+  vim.api.nvim_win_set_cursor(0, { last_row + 1, last_col })
+end
+
+--- Accepts the whole suggestion; false when none is shown.
+function M.accept()
+  local s = current()
+  if not s then
+    return false
+  end
+  put_text(s, s.start_col, s.end_col, s.insert)
+  execute(s, s.command)
+  return true
+end
+
+--- Accepts up to the end of the suggestion's first non-empty line; false when none is shown.
+function M.accept_line()
+  local s = current()
+  if not s then
+    return false
+  end
+  local newline = s.ghost:find('\n', 1, true)
+  if newline == 1 then
+    local next_newline = s.ghost:find('\n', 2, true)
+    newline = next_newline
+  end
+  if not newline then
+    return M.accept()
+  end
+  local part = s.ghost:sub(1, newline - 1)
+  put_text(s, s.col, s.col, part)
+  local client = vim.lsp.get_client_by_id(s.client_id)
+  local commands = client and client.server_capabilities.executeCommandProvider
+  if commands and vim.tbl_contains(commands.commands or {}, 'draftwise.partiallyAccepted') then
+    local args = s.command and s.command.arguments or {}
+    execute(s, {
+      command = 'draftwise.partiallyAccepted',
+      arguments = { args[1] or vim.NIL, #part },
+    })
+  end
+  return true
+end
+
+--- Hides the suggestion; false when none is shown.
+function M.dismiss()
+  local bufnr = vim.api.nvim_get_current_buf()
+  local shown = current() ~= nil
+  M.clear(bufnr)
+  return shown
+end
+
+--- Starts watching bufnr for typing.
+function M.attach(bufnr, client)
+  if buffers[bufnr] then
+    return
+  end
+  local group = vim.api.nvim_create_augroup('draftwise_ghost_' .. bufnr, { clear = true })
+  buffers[bufnr] = { seq = 0, group = group }
+  vim.api.nvim_create_autocmd({ 'TextChangedI', 'TextChangedP' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      schedule(bufnr)
+    end,
+  })
+  vim.api.nvim_create_autocmd({ 'InsertEnter', 'CursorMovedI' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      -- Moving away from a shown suggestion drops it; the edit that moved the cursor schedules anew.
+      local s = buffers[bufnr].suggestion
+      local row, col = cursor()
+      if s and (s.row ~= row or s.col ~= col) then
+        M.clear(bufnr)
+      end
+      if not buffers[bufnr].suggestion then
+        schedule(bufnr)
+      end
+    end,
+  })
+  vim.api.nvim_create_autocmd({ 'InsertLeave', 'BufLeave' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      M.clear(bufnr)
+    end,
+  })
+  vim.api.nvim_create_autocmd({ 'BufUnload', 'BufWipeout' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      M.detach(bufnr)
+    end,
+  })
+  if client and vim.api.nvim_get_current_buf() == bufnr and in_insert_mode() then
+    schedule(bufnr)
+  end
+end
+
+function M.detach(bufnr)
+  local state = buffers[bufnr]
+  if not state then
+    return
+  end
+  M.clear(bufnr)
+  if state.timer then
+    state.timer:stop()
+    if not state.timer:is_closing() then
+      state.timer:close()
+    end
+  end
+  pcall(vim.api.nvim_del_augroup_by_id, state.group)
+  buffers[bufnr] = nil
+end
+
+M.namespace = ns
+
+return M

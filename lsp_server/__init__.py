@@ -1,0 +1,1 @@
+"""draftwise's language server: LSP in, plain-text requests to the engine out. Never touches tensors."""

@@ -1,0 +1,193 @@
+"""The `draftwise` command: serve, complete, bench, models."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # keep library chatter off the user's terminal
+
+from decoding.api import DRAFTERS, SCOPES, EngineConfig  # noqa: E402  (light: no torch)
+from decoding.errors import DraftwiseError  # noqa: E402
+
+log = logging.getLogger("draftwise")
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()
+    g = p.add_argument_group("model")
+    g.add_argument("--target", default=d.target, help="target model: preset, HF directory, .gguf file or hub id (default: %(default)s)")
+    g.add_argument("--draft", default=None, help="draft model spec, or 'none' (default: none)")
+    g.add_argument("--drafter", default=d.drafter, choices=DRAFTERS, help="drafting strategy (default: %(default)s)")
+    g.add_argument("--max-tokens", type=int, default=d.max_tokens, help="most tokens per completion (default: %(default)s)")
+    g.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
+    g.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16 | float16 (default: auto = bf16 on CUDA, fp32 on CPU)")
+    g.add_argument("--context-tokens", type=int, default=d.context_tokens, help="prompt token budget (default: %(default)s)")
+    g.add_argument("--trust-remote-code", action="store_true", help="allow model repositories to run their own code (off by default)")
+
+
+def engine_config(args) -> EngineConfig:
+    if args.max_tokens < 1:
+        raise DraftwiseError("--max-tokens must be at least 1")
+    return EngineConfig(target=args.target, draft=None if args.draft in (None, "none") else args.draft,
+                        drafter=args.drafter, max_tokens=args.max_tokens, device=args.device, dtype=args.dtype,
+                        context_tokens=args.context_tokens, trust_remote_code=args.trust_remote_code)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="draftwise", description="Local inline code completions, made fast with speculative decoding.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the language server (stdio by default)")
+    add_model_flags(s)
+    s.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP instead of stdio (HOST defaults to 127.0.0.1)")
+    s.add_argument("--allow-remote", action="store_true", help="allow --tcp on a non-loopback address")
+    s.add_argument("--log-file", help="write logs here instead of stderr")
+
+    c = sub.add_parser("complete", help="complete one position in a file and print the suggestion")
+    add_model_flags(c)
+    c.add_argument("file")
+    c.add_argument("--line", type=int, required=True, help="0-based line (as in LSP)")
+    c.add_argument("--character", type=int, required=True, help="0-based column in characters (as in LSP)")
+    c.add_argument("--scope", default="auto", choices=SCOPES, help="how much to complete (default: decided from the cursor)")
+    c.add_argument("--temperature", type=float, default=0.0)
+    c.add_argument("--json", action="store_true", help='print {"text": ..., "stats": {...}} and nothing else')
+
+    b = sub.add_parser("bench", help="benchmark speculative modes against plain decoding and the HF built-ins")
+    add_model_flags(b)
+    try:
+        from decoding.bench.cli import add_arguments as add_bench_arguments
+    except ImportError:  # the benchmark's optional parts are missing; `bench` says so when run
+        add_bench_arguments = None
+    if add_bench_arguments:
+        add_bench_arguments(b)
+
+    m = sub.add_parser("models", help="the offline model pack")
+    msub = m.add_subparsers(dest="models_command", required=True)
+    pull = msub.add_parser("pull", help="fetch, verify and convert presets (default: all)")
+    pull.add_argument("names", nargs="*")
+    msub.add_parser("list", help="show presets, whether they are present, size and path")
+    return p
+
+
+def setup_logging(debug: bool, log_file: str | None = None, level: int = logging.WARNING) -> None:
+    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if debug else level)
+
+
+def position_to_offset(text: str, line: int, character: int, path: str) -> int:
+    lines = text.split("\n")
+    if line < 0 or line >= len(lines):
+        raise DraftwiseError(f"{path}: line {line} is outside the file (it has lines 0..{len(lines) - 1})")
+    if character < 0 or character > len(lines[line]):
+        raise DraftwiseError(f"{path}: character {character} is outside line {line} (length {len(lines[line])})")
+    return sum(len(x) + 1 for x in lines[:line]) + character
+
+
+def cmd_complete(args) -> int:
+    from decoding.api import CompletionRequest
+    from decoding.engine import Engine
+    from decoding.languages import language_from_path
+
+    path = Path(args.file)
+    if not path.is_file():
+        raise DraftwiseError(f"file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DraftwiseError(f"{path} is not UTF-8 text") from exc
+    offset = position_to_offset(text, args.line, args.character, str(path))
+    engine = Engine(engine_config(args))
+    try:
+        engine.load()
+        result = engine.complete(CompletionRequest(
+            prefix=text[:offset], suffix=text[offset:], path=path.name, document=str(path.resolve()),
+            language=language_from_path(str(path)), scope=args.scope, temperature=args.temperature))
+    finally:
+        engine.close()
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        s = result.stats
+        print(result.text)
+        print(f"[{s.generated_tokens} tokens in {s.target_forwards} target forwards "
+              f"({s.tokens_per_forward:.2f}/forward), drafter {s.drafter}, accepted {s.accepted_tokens}/{s.drafted_tokens} "
+              f"drafted, prefill {s.prefill_ms:.0f} ms, decode {s.decode_ms:.0f} ms, stopped: {s.stopped}]", file=sys.stderr)
+    return 0
+
+
+def cmd_models(args) -> int:
+    from decoding.models import pack
+    from decoding.models.specs import PRESETS
+
+    if args.models_command == "list":
+        for st in pack.status():
+            state = "present" if st.present else "missing"
+            size = f"{st.size_bytes / 2**30:.2f} GiB" if st.present else "-"
+            print(f"{st.preset.name:22} {state:8} {size:>10}  {st.path}")
+        return 0
+    names = args.names or list(PRESETS)
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown:
+        raise DraftwiseError(f"unknown preset {', '.join(unknown)}; presets: {', '.join(PRESETS)}")
+    for name in names:
+        pack.pull(PRESETS[name], say=lambda msg: print(msg, file=sys.stderr))
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from lsp_server.server import run
+
+    tcp = None
+    if args.tcp:
+        host, _, port = args.tcp.rpartition(":")
+        host = host or "127.0.0.1"
+        if not port.isdigit():
+            raise DraftwiseError(f"--tcp wants HOST:PORT, got '{args.tcp}'")
+        if host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
+            raise DraftwiseError(f"refusing to listen on {host}: only loopback unless --allow-remote is given")
+        tcp = (host, int(port))
+    run(engine_config(args), tcp=tcp, allow_remote=args.allow_remote)
+    return 0
+
+
+def cmd_bench(args) -> int:
+    try:
+        from decoding.bench.cli import run
+    except ImportError as exc:
+        raise DraftwiseError(f"the benchmark needs extra packages: {exc} (pip install 'draftwise[bench]')") from exc
+    return run(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        setup_logging(args.debug, args.log_file, logging.INFO)
+    else:
+        setup_logging(args.debug)
+    handlers = {"serve": cmd_serve, "complete": cmd_complete, "bench": cmd_bench, "models": cmd_models}
+    try:
+        return handlers[args.command](args)
+    except DraftwiseError as exc:
+        if args.debug:
+            raise
+        print(f"draftwise: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line for users; --debug shows the traceback
+        if args.debug:
+            raise
+        print(f"draftwise: error: {type(exc).__name__}: {exc}".splitlines()[0], file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

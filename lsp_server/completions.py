@@ -1,0 +1,290 @@
+"""What a completion request does, from an LSP position to the item an editor shows.
+
+One path serves both `textDocument/inlineCompletion` (ghost text) and `textDocument/completion` (a
+single popup item, for clients without inline completion):
+
+1. read prefix/suffix at the cursor in the client's position encoding;
+2. if the user is typing along the suggestion on screen, answer from it at once (and still ask the
+   engine, in the background, so its verification, memory and stats follow);
+3. otherwise submit to the engine and await the job; an LSP `$/cancelRequest` cancels the asyncio
+   task awaiting it, and we pass that on to the job, which stops inside the verify loop;
+4. shape the text into an edit (postprocess) and build the item.
+
+A request whose answer would be stale (a newer request for the document, or an edit after it was
+sent) is answered with null, the result the spec allows when there is nothing to show.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+
+from decoding.api import CompletionRequest
+from lsp_server.config import Settings
+from lsp_server.documents import LINE_BREAK, DocumentStore, OpenDocument, display_path, select_context
+from lsp_server.engine_host import EngineHost, EngineNotReady
+from lsp_server.postprocess import Edit, IndentStyle, detect_indent, shape
+from lsp_server.typeahead import TypeAheadMemory
+
+log = logging.getLogger(__name__)
+
+ACCEPTED_COMMAND = "draftwise.accepted"
+PARTIALLY_ACCEPTED_COMMAND = "draftwise.partiallyAccepted"
+CONTEXT_CHARS_PER_TOKEN = 4  # generous: code averages about 3 characters per token
+
+
+class _Superseded:
+    def __repr__(self) -> str:
+        return "SUPERSEDED"
+
+
+SUPERSEDED = _Superseded()  # the answer would be stale: reply null
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    id: str
+    uri: str
+    text: str  # replaces `range`
+    range: types.Range  # on one line: from the cursor (or the selected popup item) to the end of
+    # the auto-closed characters the text replaces
+    instant: bool  # answered from the suggestion already on screen (type-ahead)
+
+
+@dataclass
+class SuggestionCounts:
+    shown: int = 0
+    instant: int = 0
+    accepted: int = 0
+    partially_accepted: int = 0
+    accepted_chars: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"shown": self.shown, "instant": self.instant, "accepted": self.accepted,
+                "partiallyAccepted": self.partially_accepted, "acceptedChars": self.accepted_chars}
+
+
+def cursor_line(prefix: str, suffix: str) -> tuple[str, str]:
+    """The cursor line's text before and after the cursor, without line breaks."""
+    cut = max(prefix.rfind("\n"), prefix.rfind("\r"))
+    match = LINE_BREAK.search(suffix)
+    return prefix[cut + 1:], suffix[: match.start()] if match else suffix
+
+
+class Completions:
+    def __init__(self, documents: DocumentStore, host: EngineHost, settings: Callable[[], Settings],
+                 workspace_folders: Callable[[], Sequence[str]]) -> None:
+        self.documents = documents
+        self.host = host
+        self.settings = settings
+        self.workspace_folders = workspace_folders
+        self.typeahead = TypeAheadMemory()
+        self.counts = SuggestionCounts()
+        self._ids = itertools.count(1)
+        self._indent_cache: dict[str, tuple[int, IndentStyle]] = {}
+        self._background: set[asyncio.Task] = set()
+
+    # ---- the request path ----------------------------------------------------------------------
+
+    async def suggest(self, uri: str, position: types.Position, *, arrival_version: int | None = None,
+                      selected: types.SelectedCompletionInfo | None = None) -> Suggestion | _Superseded | None:
+        doc = self.documents.get(uri)
+        if doc is None:
+            raise JsonRpcInvalidParams(f"document is not open: {uri}")
+        if arrival_version is not None and arrival_version != doc.version:
+            return SUPERSEDED  # edited after the client sent this request
+        settings = self.settings()
+        if not settings.serves_language(doc.language_id) or not self.host.ready:
+            return None
+        encoding = self.documents.encoding
+        start = end = doc.offset_at(position, encoding)
+        inserted = ""
+        if selected is not None:
+            # The popup's selected item would replace `range` with its text; suggest what follows it.
+            start = doc.offset_at(selected.range.start, encoding)
+            end = doc.offset_at(selected.range.end, encoding)
+            if end < start:
+                raise JsonRpcInvalidParams("selectedCompletionInfo.range ends before it starts")
+            inserted = selected.text
+        prefix, suffix = doc.text[:start] + inserted, doc.text[end:]
+        line_before, line_after = cursor_line(prefix, suffix)
+        indent = self._indent(doc)
+        self.documents.touch(uri)
+        request = self._request(doc, prefix, suffix, settings)
+        version = doc.version
+
+        def finish(text: str, instant: bool) -> Suggestion | None:
+            edit = shape(text, line_before, line_after, indent)
+            return None if edit is None else self._suggestion(doc, start, end, inserted, edit, instant)
+
+        use_memory = selected is None  # a popup selection is hypothetical text: don't remember it
+        instant = self.typeahead.continuation(uri, prefix, suffix) if use_memory else None
+        if instant is not None:
+            job = self._submit(request, version)
+            if job is not None:
+                self._run_in_background(self._remember_when_done(job, doc, version, prefix, suffix,
+                                                                 line_before, line_after, indent))
+            return finish(instant, instant=True)
+
+        job = self._submit(request, version)
+        if job is None:
+            return None
+        try:
+            result = await job
+        except asyncio.CancelledError:
+            job.cancel()  # the client cancelled: stop the engine now, not after max_tokens
+            raise
+        except Exception:
+            log.exception("completion failed for %s", uri)
+            return None
+        finally:
+            self.host.finished(uri, job)
+        if result.stats.stopped == "cancelled" or self._moved_on(doc, version):
+            return SUPERSEDED
+        if result.stats.stopped == "error":
+            log.warning("the engine stopped with an error for %s", uri)
+            return None
+        suggestion = finish(result.text, instant=False)
+        if suggestion is not None and use_memory:
+            self.typeahead.remember(uri, prefix, suffix, suggestion.text)
+        return suggestion
+
+    def _request(self, doc: OpenDocument, prefix: str, suffix: str, settings: Settings) -> CompletionRequest:
+        folders = self.workspace_folders()
+        engine = settings.engine
+        context = select_context(self.documents, doc, folders,
+                                 max_chars=engine.context_tokens * CONTEXT_CHARS_PER_TOKEN)
+        return CompletionRequest(
+            prefix=prefix, suffix=suffix, path=display_path(doc.uri, folders), document=doc.uri,
+            language=doc.language_id, context=tuple(context), max_tokens=engine.max_tokens,
+            scope=settings.scope, drafter=engine.drafter, temperature=settings.temperature)
+
+    def _submit(self, request: CompletionRequest, version: int):
+        try:
+            return self.host.submit(request, version)
+        except EngineNotReady:
+            return None
+        except Exception:
+            log.exception("the engine refused a request for %s", request.document)
+            return None
+
+    async def _remember_when_done(self, job, doc: OpenDocument, version: int, prefix: str, suffix: str,
+                                  line_before: str, line_after: str, indent: IndentStyle) -> None:
+        """After an instant answer: the engine's own answer becomes the remembered suggestion."""
+        try:
+            result = await job
+        except Exception:
+            log.exception("background completion failed for %s", doc.uri)
+            return
+        finally:
+            self.host.finished(doc.uri, job)
+        if result.stats.stopped in ("cancelled", "error") or self._moved_on(doc, version):
+            return
+        edit = shape(result.text, line_before, line_after, indent)
+        if edit is not None:
+            self.typeahead.remember(doc.uri, prefix, suffix, edit.text)
+
+    def _run_in_background(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._background.discard)
+
+    def _moved_on(self, doc: OpenDocument, version: int) -> bool:
+        return self.documents.get(doc.uri) is not doc or doc.version != version
+
+    def _indent(self, doc: OpenDocument) -> IndentStyle:
+        cached = self._indent_cache.get(doc.uri)
+        if cached is None or cached[0] != doc.version:
+            cached = (doc.version, detect_indent(doc.text))
+            self._indent_cache[doc.uri] = cached
+        return cached[1]
+
+    def _suggestion(self, doc: OpenDocument, start: int, end: int, inserted: str, edit: Edit,
+                    instant: bool) -> Suggestion:
+        encoding = self.documents.encoding
+        replaced = types.Range(start=doc.position_at(start, encoding),
+                               end=doc.position_at(end + edit.replace, encoding))
+        self.counts.shown += 1
+        self.counts.instant += instant
+        return Suggestion(id=str(next(self._ids)), uri=doc.uri, text=inserted + edit.text,
+                          range=replaced, instant=instant)
+
+    # ---- document events -----------------------------------------------------------------------
+
+    def document_closed(self, uri: str) -> None:
+        self.typeahead.forget(uri)
+        self._indent_cache.pop(uri, None)
+
+    # ---- acceptance ----------------------------------------------------------------------------
+
+    def accepted(self, arguments: Sequence[object]) -> None:
+        info = _command_argument(arguments, ACCEPTED_COMMAND)
+        self.counts.accepted += 1
+        length = info.get("length")
+        if isinstance(length, int) and not isinstance(length, bool) and length >= 0:
+            self.counts.accepted_chars += length
+
+    def partially_accepted(self, arguments: Sequence[object]) -> None:
+        info = _command_argument(arguments, PARTIALLY_ACCEPTED_COMMAND)
+        length = info.get("acceptedLength")
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            raise JsonRpcInvalidParams(f"{PARTIALLY_ACCEPTED_COMMAND} needs a non-negative "
+                                       f"'acceptedLength', got {length!r}")
+        self.counts.partially_accepted += 1
+        self.counts.accepted_chars += length
+
+
+def _command_argument(arguments: Sequence[object], command: str) -> dict:
+    if len(arguments) != 1 or not isinstance(arguments[0], dict) or not isinstance(arguments[0].get("id"), str):
+        raise JsonRpcInvalidParams(f"{command} takes one argument {{\"id\": string, ...}}, got {list(arguments)!r}")
+    return arguments[0]
+
+
+# ---- LSP items ---------------------------------------------------------------------------------
+
+def _accept_command(s: Suggestion) -> types.Command:
+    return types.Command(title="draftwise: suggestion accepted", command=ACCEPTED_COMMAND,
+                         arguments=[{"id": s.id, "uri": s.uri, "length": len(s.text)}])
+
+
+def inline_result(s: Suggestion | _Superseded | None) -> types.InlineCompletionList | None:
+    if s is SUPERSEDED:
+        return None
+    if s is None:
+        return types.InlineCompletionList(items=[])
+    return types.InlineCompletionList(items=[
+        types.InlineCompletionItem(insert_text=s.text, range=s.range, command=_accept_command(s))])
+
+
+def completion_label(text: str, limit: int = 60) -> str:
+    first = next((line.strip() for line in text.splitlines() if line.strip()), text.strip())
+    more = "…" if len(first) > limit or text.strip().count("\n") else ""
+    return first[:limit] + more
+
+
+def completion_result(s: Suggestion | _Superseded | None, language_id: str = "") -> types.CompletionList | None:
+    if s is SUPERSEDED:
+        return None
+    # Incomplete: the suggestion depends on the exact prefix, so the client must ask again as the
+    # user types rather than filter this list.
+    if s is None:
+        return types.CompletionList(is_incomplete=True, items=[])
+    item = types.CompletionItem(
+        label=completion_label(s.text),
+        kind=types.CompletionItemKind.Snippet,
+        detail="draftwise",
+        documentation=types.MarkupContent(kind=types.MarkupKind.Markdown,
+                                          value=f"```{language_id}\n{s.text}\n```"),
+        text_edit=types.TextEdit(range=s.range, new_text=s.text),
+        insert_text_format=types.InsertTextFormat.PlainText,
+        filter_text=s.text,
+        sort_text="0",
+        preselect=True,
+        command=_accept_command(s),
+    )
+    return types.CompletionList(is_incomplete=True, items=[item])

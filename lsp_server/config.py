@@ -1,0 +1,163 @@
+"""Server settings: what editors may configure, read from `initializationOptions` and
+`workspace/didChangeConfiguration`.
+
+Editors send these keys (camelCase, as in editor settings files), either at the top level or under a
+`draftwise` section:
+
+    target, draft, drafter, maxTokens, device, dtype, temperature, contextTokens, languages, scope
+
+A bad value never takes the server down: that key keeps its previous value and the problem comes back
+as one clear sentence for the user. Unknown keys are ignored (and logged by the caller).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+from decoding.api import DRAFTERS, SCOPES, EngineConfig
+
+SECTION = "draftwise"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+MAX_TOKENS_LIMIT = 4096
+CONTEXT_TOKENS_RANGE = (64, 131072)
+TEMPERATURE_RANGE = (0.0, 2.0)
+
+# Changing any of these means different weights or a different prompt budget: the engine reloads.
+ENGINE_FIELDS = ("target", "draft", "device", "dtype", "context_tokens")
+
+
+@dataclass(frozen=True)
+class Settings:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    temperature: float = 0.0
+    languages: tuple[str, ...] | None = None  # LSP language ids to complete in; None: all
+    scope: str = "auto"  # passed to the engine with each request
+
+    def serves_language(self, language_id: str) -> bool:
+        return self.languages is None or language_id in self.languages
+
+    def needs_reload(self, other: "Settings") -> bool:
+        """Whether going from self to other needs a new engine (other models or budget)."""
+        return any(getattr(self.engine, f) != getattr(other.engine, f) for f in ENGINE_FIELDS)
+
+
+@dataclass
+class SettingsUpdate:
+    settings: Settings
+    problems: list[str] = field(default_factory=list)  # user-facing sentences, one per bad key
+    ignored: list[str] = field(default_factory=list)  # unknown keys
+
+
+class _Bad(ValueError):
+    pass
+
+
+def _text(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise _Bad(f"must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _draft(key: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    text = _text(key, value)
+    return None if text.lower() == "none" else text
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str, Any], str]:
+    def parse(key: str, value: Any) -> str:
+        if value not in options:
+            raise _Bad(f"must be one of {', '.join(options)}; got {value!r}")
+        return value
+    return parse
+
+
+def _int_range(low: int, high: int) -> Callable[[str, Any], int]:
+    def parse(key: str, value: Any) -> int:
+        # JSON has one number type; accept 64.0 but not 64.5, and never a bool (True == 1 in Python).
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise _Bad(f"must be a whole number from {low} to {high}, got {value!r}")
+        if not low <= int(value) <= high:
+            raise _Bad(f"must be a whole number from {low} to {high}, got {value!r}")
+        return int(value)
+    return parse
+
+
+def _temperature(key: str, value: Any) -> float:
+    low, high = TEMPERATURE_RANGE
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not low <= value <= high:
+        raise _Bad(f"must be a number from {low:g} to {high:g}, got {value!r}")
+    return float(value)
+
+
+def _device(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not _DEVICE.match(value.strip()):
+        raise _Bad(f"must be auto, cpu, mps, cuda or cuda:N; got {value!r}")
+    return value.strip()
+
+
+def _languages(key: str, value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise _Bad(f"must be a list of language ids such as [\"python\", \"rust\"] (or null for all), got {value!r}")
+    ids = tuple(v.strip() for v in value)
+    return None if "*" in ids else ids
+
+
+# key -> (parser, where the value goes: "engine.<field>" or a Settings field)
+_KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
+    "target": (_text, "engine.target"),
+    "draft": (_draft, "engine.draft"),
+    "drafter": (_choice(DRAFTERS), "engine.drafter"),
+    "maxTokens": (_int_range(1, MAX_TOKENS_LIMIT), "engine.max_tokens"),
+    "device": (_device, "engine.device"),
+    "dtype": (_choice(DTYPES), "engine.dtype"),
+    "contextTokens": (_int_range(*CONTEXT_TOKENS_RANGE), "engine.context_tokens"),
+    "temperature": (_temperature, "temperature"),
+    "languages": (_languages, "languages"),
+    "scope": (_choice(SCOPES), "scope"),
+}
+KNOWN_KEYS = tuple(_KEYS)
+
+
+def section_of(raw: Any) -> Mapping[str, Any]:
+    """The draftwise settings inside what an editor sent (top level or a `draftwise` section)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise TypeError(f"draftwise settings must be an object, got {type(raw).__name__}")
+    inner = raw.get(SECTION)
+    return inner if isinstance(inner, Mapping) else raw
+
+
+def apply_settings(current: Settings, raw: Any) -> SettingsUpdate:
+    """Apply the keys present in raw on top of current; bad or unknown keys leave current alone."""
+    try:
+        values = section_of(raw)
+    except TypeError as err:
+        return SettingsUpdate(current, problems=[str(err)])
+    engine_changes: dict[str, Any] = {}
+    server_changes: dict[str, Any] = {}
+    update = SettingsUpdate(current)
+    for key, value in values.items():
+        if key not in _KEYS:
+            update.ignored.append(key)
+            continue
+        parse, target = _KEYS[key]
+        try:
+            parsed = parse(key, value)
+        except _Bad as err:
+            update.problems.append(f"draftwise setting '{key}' {err}; keeping the previous value.")
+            continue
+        if target.startswith("engine."):
+            engine_changes[target.removeprefix("engine.")] = parsed
+        else:
+            server_changes[target] = parsed
+    update.settings = replace(current, engine=replace(current.engine, **engine_changes), **server_changes)
+    return update

@@ -1,0 +1,179 @@
+"""The engine as the server sees it: loaded in the background, asked for completions, cancelled when
+a request goes stale, replaced when the models change.
+
+Runs on the server's event loop; the engine does its work on its own worker thread. Anything the
+engine calls back from that thread (load progress) is handed to the loop before it touches the
+connection.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from decoding.api import CompletionRequest
+from decoding.errors import DraftwiseError
+from lsp_server.config import Settings
+from lsp_server.progress import LoadProgress
+
+if TYPE_CHECKING:
+    from decoding.engine import Engine, Job
+
+log = logging.getLogger(__name__)
+
+IDLE, LOADING, READY, FAILED = "idle", "loading", "ready", "failed"
+
+
+class EngineNotReady(Exception):
+    pass
+
+
+class EngineHost:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.state = IDLE
+        self.error: str | None = None
+        self._engine: Engine | None = None
+        self._load_lock = asyncio.Lock()
+        # The newest job per document, with the document version it was made for.
+        self._in_flight: dict[str, tuple[int, Job]] = {}
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    async def load(self, progress: LoadProgress | None = None) -> bool:
+        """Load the configured models; True when ready. Failure is recorded, never raised."""
+        async with self._load_lock:
+            return await self._load(progress)
+
+    async def reload(self, settings: Settings, progress: LoadProgress | None = None) -> bool:
+        """Switch to new settings; a new engine when models or prompt budget differ."""
+        async with self._load_lock:
+            needs_engine = self.settings.needs_reload(settings) or self.state == FAILED
+            self.settings = settings
+            if not needs_engine:
+                return self.ready
+            await self._close_engine()
+            return await self._load(progress)
+
+    async def _load(self, progress: LoadProgress | None) -> bool:
+        loop = asyncio.get_running_loop()
+        config = self.settings.engine
+        self.state, self.error = LOADING, None
+        started = time.monotonic()
+        log.info("loading models: target=%s draft=%s device=%s dtype=%s",
+                 config.target, config.draft, config.device, config.dtype)
+        if progress is not None:
+            await progress.begin(f"loading {config.target}")
+
+        def on_progress(message: str, fraction: float | None) -> None:  # engine worker thread
+            log.info("load: %s", message)
+            if progress is not None:
+                loop.call_soon_threadsafe(progress.report, message, fraction)
+
+        try:
+            # Importing the engine pulls in torch and transformers (seconds): off the event loop.
+            engine_module = await loop.run_in_executor(None, importlib.import_module, "decoding.engine")
+            self._engine = engine_module.Engine(config)
+            await asyncio.wrap_future(self._engine.start_loading(on_progress))
+        except DraftwiseError as err:
+            self._fail(str(err))
+        except Exception as err:  # a bug or an unexpected library error: keep serving, say why
+            log.exception("model load failed")
+            self._fail(f"loading {config.target} failed: {type(err).__name__}: {err}")
+        else:
+            self.state = READY
+            info = self._info()
+            log.info("models ready in %.1f s: target=%s draft=%s device=%s dtype=%s",
+                     time.monotonic() - started, info.get("target", config.target),
+                     info.get("draft", config.draft), info.get("device"), info.get("dtype"))
+        if progress is not None:
+            progress.end("ready" if self.ready else f"failed: {self.error}")
+        return self.ready
+
+    def _fail(self, why: str) -> None:
+        self.state, self.error = FAILED, why
+        log.error("model load failed: %s", why)
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def submit(self, request: CompletionRequest, version: int) -> Job:
+        """Queue a completion; the engine cancels this document's previous job (latest wins)."""
+        if not self.ready or self._engine is None:
+            raise EngineNotReady(self.state)
+        job = self._engine.submit(request)
+        self._in_flight[request.document] = (version, job)
+        return job
+
+    def document_changed(self, document: str, version: int) -> None:
+        """The document moved past the version its running job was made for: stop that job now."""
+        entry = self._in_flight.get(document)
+        if entry is not None and entry[0] < version:
+            del self._in_flight[document]
+            entry[1].cancel()
+
+    def document_closed(self, document: str) -> None:
+        entry = self._in_flight.pop(document, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    def finished(self, document: str, job: Job) -> None:
+        entry = self._in_flight.get(document)
+        if entry is not None and entry[1] is job:
+            del self._in_flight[document]
+
+    def cancel_all(self) -> None:
+        for _, job in self._in_flight.values():
+            job.cancel()
+        self._in_flight.clear()
+
+    # ---- reporting -----------------------------------------------------------------------------
+
+    def _info(self) -> dict[str, Any]:
+        if self._engine is None:
+            return {}
+        try:
+            return self._engine.info()
+        except Exception:  # info() of a half-loaded engine must not break stats
+            log.debug("engine.info() failed", exc_info=True)
+            return {}
+
+    def stats(self) -> dict[str, Any]:
+        config = self.settings.engine
+        info = self._info()
+        engine_stats: dict[str, Any] = {}
+        if self._engine is not None:
+            try:
+                engine_stats = self._engine.stats()
+            except Exception:
+                log.debug("engine.stats() failed", exc_info=True)
+        return {
+            "state": self.state,
+            "error": self.error,
+            "target": info.get("target") or config.target,
+            "draft": info.get("draft", config.draft),
+            "drafter": config.drafter,
+            "device": info.get("device") or config.device,
+            "dtype": info.get("dtype") or config.dtype,
+            "last": engine_stats.get("last"),
+            "cumulative": engine_stats.get("cumulative", {}),
+            "requests": engine_stats.get("requests", 0),
+        }
+
+    # ---- shutdown ------------------------------------------------------------------------------
+
+    async def _close_engine(self) -> None:
+        self.cancel_all()
+        engine, self._engine = self._engine, None
+        self.state = IDLE
+        if engine is not None:
+            await asyncio.get_running_loop().run_in_executor(None, engine.close)
+
+    async def close(self) -> None:
+        # Not behind the load lock: shutting down must not wait for a model load to finish.
+        await self._close_engine()

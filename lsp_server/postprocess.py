@@ -1,0 +1,159 @@
+"""Turn the engine's text into the edit an editor shows: what to insert at the cursor and how many
+characters to the right of the cursor it replaces.
+
+The engine already decides how far to generate (line / block scope) and cuts text that repeats the
+document's suffix. What is left is editor-side:
+- mid-line with real text to the right, only one line makes sense;
+- editors auto-close brackets and quotes, so `print(|)` has a `)` right of the cursor; when the
+  suggestion closes that bracket itself, the edit's range covers the auto-inserted `)` instead of
+  leaving two;
+- new lines are indented with the document's tabs or spaces, whatever the model produced;
+- nothing (or only whitespace) is never sent.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+OPENERS = {"(": ")", "[": "]", "{": "}"}
+CLOSERS = frozenset(OPENERS.values())
+QUOTES = frozenset("\"'`")
+# What an editor's auto-closing leaves right of the cursor, plus punctuation that commonly follows it
+# (`foo(|);`, `["|"],`); with only these to the right, a multi-line suggestion still fits.
+_AUTO_CLOSED_RUN = re.compile(r"[)\]}\"'`]*")
+_ONLY_CLOSERS_RIGHT = re.compile(r"^[\s)\]}\"'`;,:]*$")
+_LEADING_WS = re.compile(r"^[ \t]*")
+
+
+@dataclass(frozen=True)
+class IndentStyle:
+    use_tabs: bool = False
+    width: int = 4  # columns per level (spaces per tab when converting)
+
+
+@dataclass(frozen=True)
+class Edit:
+    text: str  # inserted at the cursor
+    replace: int  # code points right of the cursor (on the cursor's line) that text replaces
+
+
+def detect_indent(document: str, max_lines: int = 2000) -> IndentStyle:
+    """The document's indentation: tabs or spaces, and the most common step between levels."""
+    tab_lines = space_lines = 0
+    steps: Counter[int] = Counter()
+    previous = 0
+    for line in document.splitlines()[:max_lines]:
+        if not line.strip():
+            continue
+        indent = _LEADING_WS.match(line).group(0)
+        if indent.startswith("\t"):
+            tab_lines += 1
+        elif indent:
+            space_lines += 1
+        width = len(indent.expandtabs(8))
+        if indent and not indent.startswith("\t") and width > previous:
+            steps[width - previous] += 1
+        previous = width
+    if tab_lines > space_lines:
+        return IndentStyle(use_tabs=True, width=4)
+    common = [step for step, _ in steps.most_common() if step in (2, 3, 4, 8)]
+    return IndentStyle(use_tabs=False, width=common[0] if common else 4)
+
+
+def convert_indent(text: str, style: IndentStyle, first_line_too: bool) -> str:
+    """Rewrite the leading whitespace of each line of text in the document's style."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if i == 0 and not first_line_too:
+            continue
+        indent = _LEADING_WS.match(line).group(0)
+        if not indent:
+            continue
+        columns = len(indent.expandtabs(style.width))
+        if style.use_tabs:
+            new = "\t" * (columns // style.width) + " " * (columns % style.width)
+        else:
+            new = " " * columns
+        lines[i] = new + line[len(indent):]
+    return "\n".join(lines)
+
+
+def open_quote(line_before: str) -> str | None:
+    """The quote character of a string literal left open before the cursor on this line, if any."""
+    quote: str | None = None
+    escaped = False
+    for ch in line_before:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote is not None:
+            escaped = True
+        elif quote is None and ch in QUOTES:
+            quote = ch
+        elif ch == quote:
+            quote = None
+    return quote
+
+
+def closers_of_earlier_text(text: str, quote_at_start: str | None) -> list[str]:
+    """Brackets and quotes in text that close something opened before the cursor, in order."""
+    closes: list[str] = []
+    stack: list[str] = []
+    quote = quote_at_start
+    inside_outer_string = quote_at_start is not None
+    escaped = False
+    for ch in text:
+        if quote is not None:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                if inside_outer_string:
+                    closes.append(ch)
+                    inside_outer_string = False
+                quote = None
+            continue
+        if ch in QUOTES:
+            quote = ch
+        elif ch in OPENERS:
+            stack.append(ch)
+        elif ch in CLOSERS:
+            if stack and OPENERS[stack[-1]] == ch:
+                stack.pop()
+            elif not stack:
+                closes.append(ch)
+    return closes
+
+
+def is_mid_line(line_after: str) -> bool:
+    """Text right of the cursor that a multi-line suggestion would push down and leave dangling."""
+    return not _ONLY_CLOSERS_RIGHT.match(line_after)
+
+
+def shape(text: str, line_before: str, line_after: str, indent: IndentStyle) -> Edit | None:
+    """The edit to show for the engine's text at a cursor between line_before and line_after
+    (the cursor line's text, without its line break); None when there is nothing worth showing."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if is_mid_line(line_after):
+        text = text.split("\n", 1)[0]
+    text = convert_indent(text, indent, first_line_too=not line_before.strip())
+    at_line_end = not line_after.strip()
+    if at_line_end:
+        text = text.rstrip()
+
+    # Auto-closed brackets/quotes right of the cursor that the suggestion closes itself.
+    auto_closed = _AUTO_CLOSED_RUN.match(line_after).group(0)
+    closes = closers_of_earlier_text(text, open_quote(line_before))
+    replace = 0
+    while replace < min(len(auto_closed), len(closes)) and auto_closed[replace] == closes[replace]:
+        replace += 1
+
+    # The rest of the line, if the suggestion ends by repeating it, is not inserted twice.
+    rest = line_after[replace:].rstrip()
+    if rest.strip() and "\n" not in text and text.endswith(rest):
+        text = text[: -len(rest)]
+
+    if not text.strip() or text == line_after[:replace]:
+        return None
+    return Edit(text=text, replace=replace)
