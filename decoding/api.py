@@ -32,7 +32,9 @@ class CompletionRequest:
     language: str = ""  # LSP language id ("python", "typescript", ...); "" guesses from path
     context: Sequence[ContextFile] = ()  # most relevant first; fitted into the token budget
     max_tokens: int | None = None  # None: the engine's configured default
-    scope: str = "auto"  # "line" | "block" | "full" | "auto" (decided from the cursor's context)
+    # "line" | "block": stop rules for code; "auto": line or block, decided from the cursor's context;
+    # "full": the model's raw output until end-of-text or max_tokens, untouched (benchmarks compare it)
+    scope: str = "auto"
     drafter: str | None = None  # overrides the engine's configured drafter for this request
     temperature: float = 0.0  # 0: greedy (lossless: identical to plain greedy decoding)
     top_p: float = 1.0

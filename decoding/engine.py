@@ -279,7 +279,11 @@ class Engine:
         sampler = Sampler(req.temperature, req.top_p, req.top_k, req.seed)
         drafters = dict(self.drafters)
         policy = DraftPolicy(mode, drafters, self.cost, stats)
-        finish = Finish(self.end_ids, max_tokens, self._decode, rules.check,
+        if scope == "full":  # the model's raw output up to end-of-text or max tokens (benchmarks compare it)
+            text_rule, final_rule = (lambda text: None), len
+        else:
+            text_rule, final_rule = rules.check, rules.finish
+        finish = Finish(self.end_ids, max_tokens, self._decode, text_rule, final_rule,
                         time.monotonic() + req.time_limit_s if req.time_limit_s else None)
         seq = list(prompt)
         try:
@@ -299,11 +303,11 @@ class Engine:
         finally:
             runner.finish()
             runner.on_forward = None
-        stats.generated_tokens = len(generated)
         stats.decode_ms = (time.perf_counter() - started) * 1000 - stats.prefill_ms
         # A cancelled request keeps what it had; otherwise Finish says where the completion ends
         # (speculation may have accepted a few tokens past that point).
         kept = generated if stats.stopped == "cancelled" else generated[:finish.keep_tokens]
+        stats.generated_tokens = len(kept)
         text = self._decode(kept)
         if finish.keep_chars is not None:
             text = text[:finish.keep_chars]

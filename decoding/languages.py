@@ -84,13 +84,15 @@ class LanguageFacts:
         pattern = _compiled(self.opener_pattern)
         return bool(pattern and pattern.search(code))
 
-    def closing_line_status(self, stripped: str) -> tuple[str, int]:
+    def closing_line_status(self, stripped: str) -> tuple[str, int, int]:
         """Whether a line (from its first non-blank character, without the newline) is a line that
         only closes blocks: `}`, `});`, `end)`, `fi`, `until x > 3`.
 
-        Returns ("closer", -1) when it is one as written, ("maybe", -1) when what is there can still
-        become one (e.g. "en"), or ("no", i) where i is the index of the first character that rules
-        it out. Deciding at the earliest character keeps the stop rules monotone.
+        Returns (status, index, closing): status "closer" when it is one as written, "maybe" when
+        what is there can still become one (e.g. "en"), "no" otherwise, with `index` the first
+        character that rules it out (-1 unless "no") and `closing` the length of the closing tokens
+        before it (`} else {` -> 2). Deciding at the earliest character keeps the stop rules
+        monotone.
         """
         n = len(stripped)
         p = 0
@@ -108,20 +110,20 @@ class LanguageFacts:
                 if common == len(keyword):
                     end = p + common
                     if end == n:
-                        return "closer", -1
+                        return "closer", -1, n
                     if stripped[end].isalnum() or stripped[end] == "_":
                         divergences.append(end)
                         continue
                     if keyword in self.close_keywords_with_tail:
-                        return "closer", -1  # the rest of the line is the keyword's argument
+                        return "closer", -1, n  # the rest of the line is the keyword's argument
                     p = end
                     break
                 if p + common == n:
-                    return "maybe", -1
+                    return "maybe", -1, p
                 divergences.append(p + common)
             else:
-                return "no", max(divergences, default=p)
-        return ("closer", -1) if n else ("maybe", -1)
+                return "no", max(divergences, default=p), p
+        return ("closer", -1, n) if n else ("maybe", -1, 0)
 
     def starts_with_closer(self, stripped: str) -> bool:
         """Whether a line (left-stripped) begins by closing a block: `}`, `) {`, `end`, `fi;`."""

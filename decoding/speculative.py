@@ -18,28 +18,32 @@ class Finish:
     end_ids: set[int]
     max_tokens: int
     decode: Callable[[list[int]], str]
-    text_rule: Callable[[str], int | None]  # StopRules.check: chars to keep, or None
+    text_rule: Callable[[str], int | None]  # StopRules.check: chars to keep, or None to go on
+    final_rule: Callable[[str], int]  # StopRules.finish: chars to keep when generation ends otherwise
     deadline: float | None = None  # time.monotonic() value
     keep_tokens: int = 0
     keep_chars: int | None = None
 
     def check(self, generated: list[int]) -> str:
-        for i, tok in enumerate(generated[:self.max_tokens]):
-            if tok in self.end_ids:
-                return self._stop("eos", i, generated)
         n = min(len(generated), self.max_tokens)
-        text = self.decode(generated[:n]).rstrip("\ufffd")  # an unfinished UTF-8 sequence is not text yet
+        eos = next((i for i, tok in enumerate(generated[:n]) if tok in self.end_ids), None)
+        upto = n if eos is None else eos
+        # Text rules see exactly the text plain decoding would have seen, even when one step
+        # accepted several tokens and an end-of-text among them.
+        text = self.decode(generated[:upto]).rstrip("\ufffd")  # an unfinished UTF-8 sequence is not text yet
         cut = self.text_rule(text)
         if cut is not None:
-            return self._stop("stop_rule", n, generated, cut)
+            return self._stop("stop_rule", upto, cut)
+        if eos is not None:
+            return self._stop("eos", eos, self.final_rule(text))
         if len(generated) >= self.max_tokens:
-            return self._stop("max_tokens", n, generated)
+            return self._stop("max_tokens", n, self.final_rule(text))
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            return self._stop("time_limit", n, generated)
+            return self._stop("time_limit", n, self.final_rule(text))
         return ""
 
-    def _stop(self, reason: str, keep: int, generated: list[int], chars: int | None = None) -> str:
-        self.keep_tokens, self.keep_chars = keep, chars
+    def _stop(self, reason: str, keep_tokens: int, keep_chars: int) -> str:
+        self.keep_tokens, self.keep_chars = keep_tokens, keep_chars
         return reason
 
 

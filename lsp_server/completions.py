@@ -27,7 +27,8 @@ from pygls.exceptions import JsonRpcInvalidParams
 from decoding.api import CompletionRequest
 from lsp_server.config import Settings
 from lsp_server.documents import LINE_BREAK, DocumentStore, OpenDocument, display_path, select_context
-from lsp_server.engine_host import EngineHost, EngineNotReady
+from decoding.errors import EngineNotReady
+from lsp_server.engine_host import EngineHost, job_result
 from lsp_server.postprocess import Edit, IndentStyle, detect_indent, shape
 from lsp_server.typeahead import TypeAheadMemory
 
@@ -135,7 +136,7 @@ class Completions:
         if job is None:
             return None
         try:
-            result = await job
+            result = await job_result(job)
         except asyncio.CancelledError:
             job.cancel()  # the client cancelled: stop the engine now, not after max_tokens
             raise
@@ -177,7 +178,7 @@ class Completions:
                                   line_before: str, line_after: str, indent: IndentStyle) -> None:
         """After an instant answer: the engine's own answer becomes the remembered suggestion."""
         try:
-            result = await job
+            result = await job_result(job)
         except Exception:
             log.exception("background completion failed for %s", doc.uri)
             return
@@ -276,7 +277,7 @@ def completion_result(s: Suggestion | _Superseded | None, language_id: str = "")
         return types.CompletionList(is_incomplete=True, items=[])
     item = types.CompletionItem(
         label=completion_label(s.text),
-        kind=types.CompletionItemKind.Snippet,
+        kind=types.CompletionItemKind.Text,
         detail="draftwise",
         documentation=types.MarkupContent(kind=types.MarkupKind.Markdown,
                                           value=f"```{language_id}\n{s.text}\n```"),

@@ -79,7 +79,8 @@ def _choice(options: tuple[str, ...]) -> Callable[[str, Any], str]:
 def _int_range(low: int, high: int) -> Callable[[str, Any], int]:
     def parse(key: str, value: Any) -> int:
         # JSON has one number type; accept 64.0 but not 64.5, and never a bool (True == 1 in Python).
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value != int(value):
             raise _Bad(f"must be a whole number from {low} to {high}, got {value!r}")
         if not low <= int(value) <= high:
             raise _Bad(f"must be a whole number from {low} to {high}, got {value!r}")

@@ -13,8 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from decoding.api import CompletionRequest
-from decoding.errors import DraftwiseError
+from decoding.api import CompletionRequest, CompletionResult
+from decoding.errors import DraftwiseError, EngineNotReady
 from lsp_server.config import Settings
 from lsp_server.progress import LoadProgress
 
@@ -26,8 +26,10 @@ log = logging.getLogger(__name__)
 IDLE, LOADING, READY, FAILED = "idle", "loading", "ready", "failed"
 
 
-class EngineNotReady(Exception):
-    pass
+async def job_result(job: Job) -> CompletionResult:
+    """Await a job's result. Cancelling the awaiting task leaves the job's own future alone: the
+    engine resolves it itself (with stopped="cancelled") once the caller has called job.cancel()."""
+    return await asyncio.shield(asyncio.wrap_future(job.future))
 
 
 class EngineHost:
@@ -46,18 +48,15 @@ class EngineHost:
 
     # ---- loading -------------------------------------------------------------------------------
 
-    async def load(self, progress: LoadProgress | None = None) -> bool:
-        """Load the configured models; True when ready. Failure is recorded, never raised."""
+    async def configure(self, settings: Settings, progress: LoadProgress | None = None) -> bool | None:
+        """Use these settings: loads the models the first time and whenever models or prompt budget
+        change. Returns whether a load it ran succeeded; None when nothing had to load. Failure is
+        recorded in state/error, never raised. Loads run one at a time, in the order asked."""
         async with self._load_lock:
-            return await self._load(progress)
-
-    async def reload(self, settings: Settings, progress: LoadProgress | None = None) -> bool:
-        """Switch to new settings; a new engine when models or prompt budget differ."""
-        async with self._load_lock:
-            needs_engine = self.settings.needs_reload(settings) or self.state == FAILED
+            needs_engine = self.state == IDLE or self.settings.needs_reload(settings)
             self.settings = settings
             if not needs_engine:
-                return self.ready
+                return None
             await self._close_engine()
             return await self._load(progress)
 
@@ -99,13 +98,20 @@ class EngineHost:
     def _fail(self, why: str) -> None:
         self.state, self.error = FAILED, why
         log.error("model load failed: %s", why)
+        # A half-loaded engine may still hold memory; let it go (configure() loads a new one).
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception:
+                log.debug("closing the failed engine raised", exc_info=True)
 
     # ---- requests ------------------------------------------------------------------------------
 
     def submit(self, request: CompletionRequest, version: int) -> Job:
         """Queue a completion; the engine cancels this document's previous job (latest wins)."""
         if not self.ready or self._engine is None:
-            raise EngineNotReady(self.state)
+            raise EngineNotReady(f"the model is not ready (state {self.state})")
         job = self._engine.submit(request)
         self._in_flight[request.document] = (version, job)
         return job
@@ -160,6 +166,8 @@ class EngineHost:
             "drafter": config.drafter,
             "device": info.get("device") or config.device,
             "dtype": info.get("dtype") or config.dtype,
+            "fimTemplate": info.get("fim_template"),
+            "draftNote": info.get("draft_note") or None,
             "last": engine_stats.get("last"),
             "cumulative": engine_stats.get("cumulative", {}),
             "requests": engine_stats.get("requests", 0),

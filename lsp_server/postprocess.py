@@ -97,6 +97,11 @@ def open_quote(line_before: str) -> str | None:
 
 def closers_of_earlier_text(text: str, quote_at_start: str | None) -> list[str]:
     """Brackets and quotes in text that close something opened before the cursor, in order."""
+    return _scan_brackets(text, quote_at_start)[0]
+
+
+def _scan_brackets(text: str, quote_at_start: str | None) -> tuple[list[str], list[str]]:
+    """(closers of earlier text, in order; openers of text's own still open at its end)."""
     closes: list[str] = []
     stack: list[str] = []
     quote = quote_at_start
@@ -123,7 +128,7 @@ def closers_of_earlier_text(text: str, quote_at_start: str | None) -> list[str]:
                 stack.pop()
             elif not stack:
                 closes.append(ch)
-    return closes
+    return closes, stack
 
 
 def is_mid_line(line_after: str) -> bool:
@@ -144,14 +149,17 @@ def shape(text: str, line_before: str, line_after: str, indent: IndentStyle) -> 
 
     # Auto-closed brackets/quotes right of the cursor that the suggestion closes itself.
     auto_closed = _AUTO_CLOSED_RUN.match(line_after).group(0)
-    closes = closers_of_earlier_text(text, open_quote(line_before))
+    quote = open_quote(line_before)
+    closes = closers_of_earlier_text(text, quote)
     replace = 0
     while replace < min(len(auto_closed), len(closes)) and auto_closed[replace] == closes[replace]:
         replace += 1
 
-    # The rest of the line, if the suggestion ends by repeating it, is not inserted twice.
+    # The rest of the line, if the suggestion ends by repeating it, is not inserted twice; unless
+    # the suggestion needs those characters to close its own brackets (`print(|)` -> `len(x)`).
     rest = line_after[replace:].rstrip()
-    if rest.strip() and "\n" not in text and text.endswith(rest):
+    if rest.strip() and "\n" not in text and text.endswith(rest) \
+            and not _scan_brackets(text[: -len(rest)], quote)[1]:
         text = text[: -len(rest)]
 
     if not text.strip() or text == line_after[:replace]:

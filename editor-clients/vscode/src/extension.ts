@@ -29,7 +29,7 @@ export interface ServerSettings {
   dtype: string;
   temperature: number;
   contextTokens: number;
-  languages: string[];
+  languages: string[] | null; // null: every language
 }
 
 export interface ServerStats {
@@ -47,6 +47,7 @@ export interface ServerStats {
 
 export function readSettings(config: vscode.WorkspaceConfiguration): ServerSettings {
   const draft = config.get<string>('draft', '').trim();
+  const languages = config.get<string[]>('languages', []);
   return {
     target: config.get<string>('target', 'qwen2.5-coder-0.5b'),
     draft: draft === '' ? null : draft,
@@ -56,7 +57,7 @@ export function readSettings(config: vscode.WorkspaceConfiguration): ServerSetti
     dtype: config.get<string>('dtype', 'auto'),
     temperature: config.get<number>('temperature', 0),
     contextTokens: config.get<number>('contextTokens', 1536),
-    languages: config.get<string[]>('languages', []),
+    languages: languages.length === 0 ? null : languages,
   };
 }
 
@@ -110,23 +111,32 @@ class StatusBar implements vscode.Disposable {
     this.item.show();
   }
 
-  starting(): void {
-    this.item.text = '$(loading~spin) Draftwise';
-    this.item.tooltip = 'Draftwise: starting the server';
-    this.item.backgroundColor = undefined;
+  private show(text: string, tooltip: string, background?: vscode.ThemeColor): void {
+    this.item.text = text;
+    this.item.tooltip = tooltip;
+    // Screen readers (and the editor tests) read the tooltip's first line.
+    this.item.accessibilityInformation = { label: tooltip.split('\n')[0] };
+    this.item.backgroundColor = background;
   }
 
+  starting(): void {
+    this.progress = {};
+    this.show('$(loading~spin) Draftwise', 'Draftwise: starting the server');
+  }
+
+  private progress: { message?: string; percentage?: number } = {};
+
   loading(message: string | undefined, percentage: number | undefined): void {
+    // Stats polls carry no progress: keep what the last progress report said.
+    message ??= this.progress.message;
+    percentage ??= this.progress.percentage;
+    this.progress = { message, percentage };
     const amount = percentage === undefined ? '' : ` ${Math.round(percentage)}%`;
-    this.item.text = `$(loading~spin) Draftwise${amount}`;
-    this.item.tooltip = `Draftwise: loading models${message ? ` (${message})` : ''}`;
-    this.item.backgroundColor = undefined;
+    this.show(`$(loading~spin) Draftwise${amount}`, `Draftwise: loading models${message ? ` (${message})` : ''}`);
   }
 
   error(message: string): void {
-    this.item.text = '$(error) Draftwise';
-    this.item.tooltip = `Draftwise: ${message}`;
-    this.item.backgroundColor = new vscode.ThemeColor('statusBarItem.errorBackground');
+    this.show('$(error) Draftwise', `Draftwise: ${message}`, new vscode.ThemeColor('statusBarItem.errorBackground'));
   }
 
   stats(stats: ServerStats): void {
@@ -138,20 +148,20 @@ class StatusBar implements vscode.Disposable {
       this.loading(undefined, undefined);
       return;
     }
-    this.item.backgroundColor = undefined;
+    this.progress = {};
     const models = `${stats.target ?? '?'}${stats.draft ? ` + ${stats.draft}` : ''}`;
     const where = `${stats.device ?? '?'}, ${stats.dtype ?? '?'}, drafter ${stats.drafter ?? '?'}`;
     if (stats.last) {
       const accepted = percent(stats.last.acceptance_rate);
       const perForward = fixed(stats.last.tokens_per_forward, 2);
-      this.item.text = `$(check) Draftwise ${accepted} · ${perForward} tok/fwd`;
-      this.item.tooltip =
+      this.show(
+        `$(check) Draftwise ${accepted} · ${perForward} tok/fwd`,
         `Draftwise ready: ${models} (${where})\n` +
-        `Last suggestion: ${accepted} of drafted tokens accepted, ${perForward} tokens per target forward\n` +
-        'Click for full stats';
+          `Last suggestion: ${accepted} of drafted tokens accepted, ${perForward} tokens per target forward\n` +
+          'Click for full stats',
+      );
     } else {
-      this.item.text = '$(check) Draftwise';
-      this.item.tooltip = `Draftwise ready: ${models} (${where})\nClick for full stats`;
+      this.show('$(check) Draftwise', `Draftwise ready: ${models} (${where})\nClick for full stats`);
     }
   }
 
@@ -194,7 +204,7 @@ class DraftwiseClient implements vscode.Disposable {
     };
     const settings = readSettings(config);
     const documentSelector =
-      settings.languages.length === 0
+      settings.languages === null
         ? [{ scheme: 'file' }, { scheme: 'untitled' }]
         : settings.languages.flatMap((language) => [
             { scheme: 'file', language },

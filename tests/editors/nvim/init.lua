@@ -17,3 +17,56 @@ require('draftwise').setup({
   settings = settings,
   debounce_ms = 100,
 })
+
+-- What the tests read over --remote-expr: v:lua.draftwise_probe('<what>') returns JSON.
+local probes = {
+  state = function()
+    local d = require('draftwise')
+    local client = d.client()
+    return {
+      status = d.status(),
+      stats = d.state.stats,
+      error = d.state.error,
+      client = client and { id = client.id, offset_encoding = client.offset_encoding } or nil,
+      native = d._use_native(),
+    }
+  end,
+  suggestion = function()
+    return require('draftwise.ghost').suggestion()
+  end,
+  extmarks = function()
+    local ns = require('draftwise.ghost').namespace
+    return vim.api.nvim_buf_get_extmarks(0, ns, 0, -1, { details = true })
+  end,
+  lines = function()
+    return vim.api.nvim_buf_get_lines(0, 0, -1, false)
+  end,
+  cursor = function()
+    return vim.api.nvim_win_get_cursor(0)
+  end,
+  mode = function()
+    return vim.api.nvim_get_mode().mode
+  end,
+  buffer = function()
+    return { name = vim.api.nvim_buf_get_name(0), lines = vim.api.nvim_buf_get_lines(0, 0, -1, false) }
+  end,
+  server_stats = function()
+    local client = require('draftwise').client()
+    local reply = client and require('draftwise.compat').request_sync(client, 'draftwise/stats', {}, 5000, 0)
+    return reply and reply.result
+  end,
+  pending = function()
+    return require('draftwise.ghost')._pending(0)
+  end,
+  messages = function()
+    return vim.api.nvim_exec2('messages', { output = true }).output
+  end,
+}
+
+function _G.draftwise_probe(what)
+  local ok, value = pcall(probes[what])
+  if not ok then
+    return vim.json.encode({ probe_error = tostring(value) })
+  end
+  return vim.json.encode(value == nil and vim.NIL or value)
+end

@@ -246,6 +246,17 @@ function M.suggestion_text()
   return s and s.ghost or nil
 end
 
+--- A copy of the shown suggestion: `insert` replaces bytes [start_col, end_col) of line `row`
+--- (0-based), `ghost` is the part drawn after the cursor at `col`.
+---@return {row: integer, col: integer, start_col: integer, end_col: integer, insert: string, ghost: string}?
+function M.suggestion()
+  local s = current()
+  if not s then
+    return nil
+  end
+  return { row = s.row, col = s.col, start_col = s.start_col, end_col = s.end_col, insert = s.insert, ghost = s.ghost }
+end
+
 local function execute(s, command)
   local client = vim.lsp.get_client_by_id(s.client_id)
   if not client or not command then
@@ -298,13 +309,15 @@ function M.accept_line()
   end
   local part = s.ghost:sub(1, newline - 1)
   put_text(s, s.col, s.col, part)
+  -- The server counts partial accepts against the item's id, in characters.
   local client = vim.lsp.get_client_by_id(s.client_id)
   local commands = client and client.server_capabilities.executeCommandProvider
-  if commands and vim.tbl_contains(commands.commands or {}, 'draftwise.partiallyAccepted') then
-    local args = s.command and s.command.arguments or {}
+  local item_info = s.command and s.command.arguments and s.command.arguments[1]
+  if type(item_info) == 'table' and commands
+    and vim.tbl_contains(commands.commands or {}, 'draftwise.partiallyAccepted') then
     execute(s, {
       command = 'draftwise.partiallyAccepted',
-      arguments = { args[1] or vim.NIL, #part },
+      arguments = { vim.tbl_extend('force', item_info, { acceptedLength = vim.fn.strchars(part) }) },
     })
   end
   return true
@@ -383,5 +396,12 @@ function M.detach(bufnr)
 end
 
 M.namespace = ns
+
+--- Whether a request is in flight for bufnr (tests use it to know a reply has been handled).
+function M._pending(bufnr)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  local state = buffers[bufnr]
+  return state ~= nil and state.pending ~= nil
+end
 
 return M

@@ -1,0 +1,168 @@
+"""`draftwise bench`: the model flags (--target --draft --drafter --max-tokens --device --dtype
+--context-tokens) come from the main CLI; this module adds the benchmark's own and runs it."""
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from collections import Counter
+from pathlib import Path
+
+from decoding.bench.corpus import CorpusError, parse_languages, sample_cases
+from decoding.bench.metrics import ALL_MODES
+from decoding.errors import DraftwiseError
+
+log = logging.getLogger("draftwise.bench")
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text}")
+    return n
+
+
+def parse_modes(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return ALL_MODES
+    modes = tuple(dict.fromkeys(m.strip() for m in text.split(",") if m.strip()))
+    unknown = [m for m in modes if m not in ALL_MODES]
+    if unknown:
+        raise DraftwiseError(f"unknown mode {', '.join(unknown)}: use any of {', '.join(ALL_MODES)}")
+    if "hf-plain" not in modes:
+        modes = ("hf-plain",) + modes  # the reference every speedup is measured against
+    return modes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("benchmark")
+    g.add_argument("--corpus", metavar="PATH",
+                   help="benchmark on this repository's files (default: the Python standard library, installed "
+                        "packages' sources, C headers and global npm packages on this machine)")
+    g.add_argument("--limit", type=_positive, default=8, metavar="N", help="number of cases (default: %(default)s)")
+    g.add_argument("--languages", metavar="LIST",
+                   help="comma-separated languages, e.g. python,javascript,c (default: every one found)")
+    g.add_argument("--seed", type=int, default=0, help="seed for sampling files and cursor positions (default: 0)")
+    g.add_argument("--modes", metavar="LIST",
+                   help=f"comma-separated modes to run (default: all that can run here: {','.join(ALL_MODES)})")
+    g.add_argument("--repeats", type=_positive, default=1, metavar="N",
+                   help="run each case and mode N times and keep the fastest (default: 1)")
+    g.add_argument("--lookup-tokens", type=_positive, default=10, metavar="N",
+                   help="prompt lookup length for the transformers and llama.cpp built-ins (default: 10)")
+    g.add_argument("--typing-cases", type=_positive, default=2, metavar="N",
+                   help="cases for the typing simulation; 0 skips it (default: 2)")
+    g.add_argument("--keystrokes", type=_positive, default=3, metavar="K",
+                   help="characters of each suggestion typed, one request per keystroke (default: 3)")
+    g.add_argument("--typing-prompt-tokens", type=_positive, default=1000, metavar="N",
+                   help="prompt size of the typing simulation (default: 1000)")
+    g.add_argument("--cancel-tries", type=_positive, default=6, metavar="N",
+                   help="requests cancelled mid-run to count forwards after cancel; 0 skips it (default: 6)")
+    g.add_argument("--llamacpp-threads", type=_positive, default=0, metavar="N",
+                   help="llama.cpp threads (default: one per CPU core)")
+    g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
+    g.add_argument("--json", dest="json_path", metavar="FILE", help="write every number measured to FILE")
+    g.add_argument("--plot", metavar="FILE", help="write a PNG of speedup per mode and language to FILE")
+
+
+def _print_cases(cases) -> None:
+    print("| # | language | cursor | file:line | prefix chars | suffix chars | removed text |")
+    print("|---:|---|---|---|---:|---:|---|")
+    for i, c in enumerate(cases, 1):
+        removed = c.expected.replace("\n", "⏎")[:40].replace("|", "\\|")
+        print(f"| {i} | {c.language} | {c.kind} | {c.path}:{c.line} | {len(c.prefix)} | {len(c.suffix)} | `{removed}` |")
+
+
+def run(args) -> int:
+    from decoding.api import EngineConfig
+
+    if args.limit < 1:
+        raise DraftwiseError("--limit must be at least 1")
+    if args.repeats < 1:
+        raise DraftwiseError("--repeats must be at least 1")
+    for flag in ("plot", "json_path"):
+        out = getattr(args, flag)
+        if out and not Path(out).expanduser().resolve().parent.is_dir():
+            raise DraftwiseError(f"cannot write {out}: its directory does not exist")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            raise DraftwiseError("--plot needs matplotlib (pip install 'draftwise[bench]')") from exc
+    modes = parse_modes(args.modes)
+    try:
+        languages = parse_languages(args.languages)
+        cases = sample_cases(args.limit, seed=args.seed, languages=languages, corpus=args.corpus)
+    except CorpusError as exc:
+        raise DraftwiseError(str(exc)) from exc
+    if len(cases) < args.limit:
+        print(f"draftwise bench: only {len(cases)} usable cases found (asked for {args.limit})", file=sys.stderr)
+    if args.list_cases:
+        _print_cases(cases)
+        return 0
+
+    from tqdm import tqdm
+
+    from decoding.bench import report
+    from decoding.bench.harness import Bench, BenchSettings, build_report_data
+    from decoding.engine import Engine
+
+    max_tokens = getattr(args, "max_tokens", None) or 48
+    if max_tokens < 1:
+        raise DraftwiseError("--max-tokens must be at least 1")
+    draft = getattr(args, "draft", None)
+    draft = None if draft in (None, "", "none") else draft
+    config = EngineConfig(
+        target=args.target, draft=draft,
+        # keep the draft model loaded even where the cost model says it does not pay, so `model`
+        # can be measured; `auto` requests still decide per step whether to use it
+        drafter="model" if draft else "auto",
+        max_tokens=max_tokens, device=getattr(args, "device", "auto"), dtype=getattr(args, "dtype", "auto"),
+        context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens),
+        trust_remote_code=getattr(args, "trust_remote_code", False),
+    )
+    typing_drafter = getattr(args, "drafter", None) or "auto"
+    if typing_drafter == "none":
+        typing_drafter = "auto"  # the typing simulation compares a drafter against "none" itself
+    settings = BenchSettings(
+        max_tokens=max_tokens, modes=modes, repeats=args.repeats, lookup_tokens=args.lookup_tokens or 10,
+        typing_cases=args.typing_cases, keystrokes=args.keystrokes, typing_prompt_tokens=args.typing_prompt_tokens,
+        typing_drafter=typing_drafter, cancel_tries=args.cancel_tries,
+        llamacpp_threads=args.llamacpp_threads or None, seed=args.seed,
+    )
+    engine = Engine(config)
+    with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:
+        engine.load(lambda msg, frac: bar.set_description_str(msg))
+    try:
+        bench = Bench(engine, cases, settings, target_spec=args.target)
+        planned = bench.plan_modes()
+        with tqdm(total=bench.steps(len(planned)), desc="bench", unit="run", file=sys.stderr) as bar:
+            def step(label: str) -> None:
+                bar.set_postfix_str(label, refresh=False)
+                bar.update(1)
+
+            bench.progress = step
+            bench.plan_modes = lambda: planned  # already decided (and the llama.cpp probe already run)
+            bench.run()
+    finally:
+        engine.close()
+    info = engine.info()
+    config_out = {
+        "target": args.target, "draft": draft, "device": info.get("device"), "dtype": info.get("dtype"),
+        "max_tokens": max_tokens, "context_tokens": config.context_tokens, "seed": args.seed, "limit": args.limit,
+        "cases": len(cases), "languages": dict(Counter(c.language for c in cases)),
+        "corpus": args.corpus or "installed code (stdlib, site-packages, C headers, npm globals)",
+        "modes": list(planned), "repeats": args.repeats, "lookup_tokens": settings.lookup_tokens,
+        "draft_note": info.get("draft_note"), "cost_model": info.get("cost_model"),
+        "command": "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    }
+    data = build_report_data(bench, list(ALL_MODES), config_out)
+    print(report.markdown(data))
+    if args.json_path:
+        report.write_json(data, args.json_path)
+    if args.plot:
+        report.plot(data, args.plot)
+    return 0

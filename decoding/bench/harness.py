@@ -1,0 +1,465 @@
+"""Runs every mode on every case with one loaded engine, then the typing and cancel measurements.
+
+Fairness rules:
+- Every mode of a case sees the same prompt token ids (`Engine.build_prompt`), the same target
+  weights (the Hugging Face baselines use the engine's loaded models), greedy decoding, the same
+  end tokens and the same token limit. Engine requests use scope "full": the model's raw output up
+  to an end token or the limit, with none of the code-aware stop rules, exactly what `generate`
+  returns.
+- Each mode comparison request starts cold: stored KV caches are dropped before it and its document
+  key is unique, so no mode benefits from another mode's prefill or suggestion memory.
+- Modes run case by case (all modes of case 1, then of case 2, ...), so a change in machine load
+  hits every mode alike.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Sequence
+
+from decoding.bench.corpus import Case
+from decoding.bench.hf_baselines import GenerateTiming, cut_at_end
+from decoding.bench.metrics import (
+    ALL_MODES, ENGINE_MODES, HF_MODES, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
+    percentile, summarize,
+)
+
+log = logging.getLogger("draftwise.bench")
+
+TIMING_METHOD = (
+    "decode tok/s counts only tokens made after the prompt's prefill: for the engine, decode_ms and the "
+    "tokens of its verify loop (the prefill feeds the prompt minus its last token); for transformers "
+    "generate and llama.cpp, whose prefill forward also yields the first token, the time from the first "
+    "token to the last and the tokens after the first (first token time from a streamer / the token "
+    "generator). Tokens are counted up to and including the end token; draft tokens a speculative "
+    "step accepted past it are not counted. End-to-end latency is wall time around one request; "
+    "every request starts cold (no KV cache kept from earlier requests)."
+)
+
+
+@dataclass
+class BenchSettings:
+    max_tokens: int = 48
+    modes: Sequence[str] = ALL_MODES
+    repeats: int = 1
+    lookup_tokens: int = 10  # the Hugging Face and llama.cpp prompt lookup length (their usual setting)
+    typing_cases: int = 2
+    keystrokes: int = 3
+    typing_prompt_tokens: int = 1000
+    typing_drafter: str = "auto"
+    cancel_tries: int = 6
+    llamacpp_threads: int | None = None
+    seed: int = 0
+
+
+@dataclass
+class BenchResult:
+    runs: dict[str, dict[str, RunRecord]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it did not run
+    typing: dict | None = None
+    cancel: dict | None = None
+
+
+def _forget_caches(engine) -> None:
+    """Drop every KV cache the engine keeps across requests, so the next request starts cold."""
+    runners = [getattr(engine, "target_runner", None)]
+    runners += [getattr(d, "runner", None) for d in getattr(engine, "drafters", {}).values()]
+    for r in runners:
+        if r is not None and hasattr(r, "reset_store"):
+            r.reset_store()
+
+
+def _request(case: Case, mode: str, document: str, max_tokens: int, scope: str = "full",
+             prefix: str | None = None):
+    from decoding.api import CompletionRequest
+
+    return CompletionRequest(prefix=case.prefix if prefix is None else prefix, suffix=case.suffix, path=case.path,
+                             document=document, language=case.language, max_tokens=max_tokens, scope=scope,
+                             drafter=mode, temperature=0.0)
+
+
+def _decode_text(tokenizer, ids: Sequence[int]) -> str:
+    # the engine's own decoding of its output, so texts compare equal when the tokens do
+    return tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+@dataclass
+class Completion:
+    text: str  # what the user would get
+    useful_tokens: int  # new tokens up to and including the end token
+    stopped: str
+
+
+def completion_of(engine, ids: Sequence[int]) -> Completion:
+    """What the engine makes of these new token ids under scope "full": everything up to the
+    first end token (the raw output), decoded the engine's way; an unfinished UTF-8 sequence at
+    the very end is not text yet, as in the engine."""
+    kept, ended = cut_at_end(ids, engine.end_ids)
+    body = kept[:-1] if ended else kept
+    text = _decode_text(engine.tokenizer, body).rstrip("\ufffd")
+    return Completion(text, len(kept), "eos" if ended else "max_tokens")
+
+
+def record_from_timing(mode: str, case: Case, g: GenerateTiming, done: Completion, speculative: bool) -> RunRecord:
+    drafted, accepted = g.draft_counts(len(g.token_ids)) if speculative else (0, 0)
+    return RunRecord(
+        mode=mode, case_id=case.id, language=case.language, text=done.text, prompt_tokens=g.prompt_tokens,
+        generated_tokens=done.useful_tokens, decode_tokens=max(0, done.useful_tokens - g.first_chunk_tokens),
+        prefill_ms=g.prefill_ms, first_token_ms=g.first_token_ms, decode_ms=g.decode_ms, total_ms=g.total_ms,
+        target_forwards=g.target_forwards_after_first, drafted_tokens=drafted, accepted_tokens=accepted,
+        stopped=done.stopped,
+    )
+
+
+def engine_useful_tokens(result) -> int:
+    """The engine reports the tokens it kept (none past the end token); the end token itself was a
+    forward's work too, and `generate` counts it."""
+    s = result.stats
+    return s.generated_tokens + (1 if s.stopped == "eos" else 0)
+
+
+def run_engine_mode(engine, case: Case, mode: str, max_tokens: int, tag: str) -> RunRecord:
+    _forget_caches(engine)
+    req = _request(case, mode, f"bench://{tag}/{mode}/{case.id}", max_tokens)
+    started = time.perf_counter()
+    result = engine.complete(req)
+    total_ms = (time.perf_counter() - started) * 1000
+    s = result.stats
+    useful = engine_useful_tokens(result)
+    return RunRecord(
+        mode=mode, case_id=case.id, language=case.language, text=result.text, prompt_tokens=s.prompt_tokens,
+        reused_prompt_tokens=s.reused_prompt_tokens, generated_tokens=useful, decode_tokens=useful,
+        prefill_ms=s.prefill_ms, first_token_ms=s.first_token_ms, decode_ms=s.decode_ms, total_ms=total_ms,
+        target_forwards=s.target_forwards, drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
+        drafted_by=dict(s.drafted_by), decisions=dict(s.decisions), stopped=s.stopped,
+        error=None if s.stopped != "error" else "the engine reported an error",
+    )
+
+
+def llamacpp_probe(gguf: str, timeout_s: float = 120) -> str | None:
+    """Load the GGUF and decode a few tokens in a child process; None if fine, else why not.
+
+    A llama.cpp build can crash the whole process (e.g. CPU features the build enabled but the
+    machine does not allow), and the benchmark should report that instead of dying with it.
+    """
+    code = (
+        "import sys\nfrom llama_cpp import Llama\n"
+        "llm = Llama(model_path=sys.argv[1], n_ctx=256, verbose=False)\n"
+        "ids = llm.tokenize(b'def add(a, b):\\n    return', add_bos=False)\n"
+        "for i, t in enumerate(llm.generate(ids, top_k=1, temp=0.0)):\n"
+        "    if i >= 2: break\n"
+        "print('ok')\n"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, gguf], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"llama.cpp did not decode a token within {timeout_s:.0f} s"
+    if proc.returncode == 0 and "ok" in proc.stdout:
+        return None
+    if proc.returncode < 0:
+        return (f"llama.cpp crashed (signal {-proc.returncode}) decoding with {gguf}; its build may use CPU "
+                "features this machine does not allow (rebuild with CMAKE_ARGS=\"-DGGML_NATIVE=OFF ...\")")
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    return f"llama.cpp failed: {tail[0]}"
+
+
+class Bench:
+    def __init__(self, engine, cases: Sequence[Case], settings: BenchSettings,
+                 progress: Callable[[str], None] | None = None, target_spec: str = ""):
+        self.engine = engine
+        self.cases = list(cases)
+        self.s = settings
+        self.progress = progress or (lambda label: None)
+        self.target_spec = target_spec
+        self.result = BenchResult()
+        self.llama: dict[str, object] = {}
+        self.llama_note: str | None = None
+        self.tag = f"{os.getpid()}-{int(time.time())}"
+
+    # ---- which modes can run ----------------------------------------------------------------
+    def plan_modes(self) -> list[str]:
+        from decoding.bench import llamacpp_baselines
+
+        wanted = [m for m in ALL_MODES if m in self.s.modes]
+        runnable = []
+        has_draft = getattr(self.engine, "draft", None) is not None
+        for m in wanted:
+            if m in ("hf-assisted", "model") and not has_draft:
+                note = getattr(self.engine, "draft_note", "") or "no --draft model given"
+                self.result.skipped[m] = f"needs a draft model ({note})"
+                continue
+            if m in LLAMACPP_MODES:
+                if not llamacpp_baselines.available():
+                    self.result.skipped[m] = "llama-cpp-python is not installed (pip install 'draftwise[llamacpp]')"
+                    continue
+                gguf = llamacpp_baselines.gguf_for(self.target_spec)
+                if gguf is None:
+                    self.result.skipped[m] = f"no GGUF file for target {self.target_spec}"
+                    continue
+                if self.llama_note is None:
+                    self.llama_note = llamacpp_probe(str(gguf)) or ""
+                if self.llama_note:
+                    self.result.skipped[m] = self.llama_note
+                    continue
+            runnable.append(m)
+        if "hf-plain" not in runnable:
+            raise ValueError("hf-plain is the reference every speedup is measured against; keep it in --modes")
+        return runnable
+
+    def _llama_runner(self, mode: str):
+        from decoding.bench.llamacpp_baselines import LlamaCppRunner, gguf_for
+
+        if mode not in self.llama:
+            lookup = self.s.lookup_tokens if mode == "llamacpp-lookup" else 0
+            n_ctx = self.engine.config.context_tokens + self.s.max_tokens + 64
+            self.llama[mode] = LlamaCppRunner(gguf_for(self.target_spec), n_ctx, lookup, self.s.llamacpp_threads)
+        return self.llama[mode]
+
+    # ---- one case, one mode -----------------------------------------------------------------
+    def run_mode(self, case: Case, mode: str, prompt: list[int]) -> RunRecord:
+        from decoding.bench.hf_baselines import generate_timed
+
+        e = self.engine
+        try:
+            if mode in ENGINE_MODES:
+                return run_engine_mode(e, case, mode, self.s.max_tokens, self.tag)
+            if mode in HF_MODES:
+                kw = {}
+                if mode == "hf-assisted":
+                    kw["assistant_model"] = e.draft.model
+                elif mode == "hf-lookup":
+                    kw["prompt_lookup_num_tokens"] = self.s.lookup_tokens
+                g = generate_timed(e.target.model, prompt, self.s.max_tokens, e.end_ids, **kw)
+            else:
+                g = self._llama_runner(mode).generate(prompt, self.s.max_tokens, e.end_ids)
+            done = completion_of(e, g.token_ids)
+            return record_from_timing(mode, case, g, done, mode not in ("hf-plain", "llamacpp-plain"))
+        except Exception as exc:  # one failing mode must not lose the rest of the run
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            log.exception("mode %s failed on %s", mode, case.id)
+            return RunRecord(mode=mode, case_id=case.id, language=case.language,
+                             error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+    def warm_up(self, modes: Sequence[str]) -> None:
+        """One short untimed run per implementation: first calls pay one-time setup costs."""
+        case = self.cases[0]
+        prompt = self.engine.build_prompt(_request(case, "none", "bench://warmup", 4))
+        saved = self.s.max_tokens
+        self.s.max_tokens = 4
+        try:
+            for m in ("none", "hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup"):
+                if m in modes:
+                    self.run_mode(case, m, prompt)
+        finally:
+            self.s.max_tokens = saved
+
+    def run_cases(self, modes: Sequence[str]) -> None:
+        runs = self.result.runs
+        for case in self.cases:
+            prompt = self.engine.build_prompt(_request(case, "none", "bench://prompt", self.s.max_tokens))
+            for mode in modes:
+                self.progress(f"{mode} {case.language}:{case.kind}")
+                best = None
+                for rep in range(self.s.repeats):
+                    rec = self.run_mode(case, mode, prompt)
+                    # best of the repeats: noise on a shared machine only ever adds time
+                    if best is None or (rec.ok and (not best.ok or rec.total_ms < best.total_ms)):
+                        best = rec
+                runs.setdefault(mode, {})[case.id] = best
+
+    # ---- typing -------------------------------------------------------------------------------
+    def typing_cases(self) -> list[Case]:
+        """Cases whose prefix gives a prompt of about `typing_prompt_tokens` tokens (cut at a line)."""
+        out = []
+        pool = [c for c in self.cases if c.language == "python"] + [c for c in self.cases if c.language != "python"]
+        for case in pool:
+            if len(out) >= self.s.typing_cases:
+                break
+            lines = case.prefix.split("\n")
+            prompt_len = lambda k: len(self.engine.build_prompt(
+                _request(case, "none", "bench://sizing", 8, prefix="\n".join(lines[k:]))))
+            if prompt_len(0) < self.s.typing_prompt_tokens:
+                continue
+            lo, hi = 0, len(lines) - 1  # find the fewest lines dropped that fit the size
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if prompt_len(mid) <= self.s.typing_prompt_tokens:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            out.append(Case(**{**case.__dict__, "prefix": "\n".join(lines[lo:])}))
+        return out
+
+    def run_typing(self) -> dict | None:
+        cases = self.typing_cases()
+        if not cases:
+            return {"note": f"no case has a prefix of {self.s.typing_prompt_tokens} prompt tokens"}
+        sequences = []
+        for case in cases:
+            for drafter in (self.s.typing_drafter, "none"):
+                self.progress(f"typing {drafter} {case.language}")
+                sequences.append(self._typing_sequence(case, drafter))
+        main = [s for s in sequences if s["drafter"] == self.s.typing_drafter]
+        kv_only = [s for s in sequences if s["drafter"] == "none"]
+        cold = median(s["cold_ms"] for s in main)
+        warm = median(w["ms"] for s in main for w in s["warm"])
+        cold_none = median(s["cold_ms"] for s in kv_only)
+        warm_none = median(w["ms"] for s in kv_only for w in s["warm"])
+        consistent = [w["continues_suggestion"] for s in main for w in s["warm"]]
+        return {
+            "cold_ms": _r(cold), "warm_ms": _r(warm),
+            "warm_over_cold": _r(warm / cold if warm is not None and cold else None, 3),
+            "drafter": self.s.typing_drafter,
+            "kv_reuse_only": {"cold_ms": _r(cold_none), "warm_ms": _r(warm_none),
+                              "warm_over_cold": _r(warm_none / cold_none if warm_none is not None and cold_none else None, 3)},
+            "warm_continues_suggestion_rate": _r(sum(consistent) / len(consistent), 3) if consistent else None,
+            "prompt_tokens": [s["prompt_tokens"] for s in main],
+            "keystrokes": self.s.keystrokes,
+            "sequences": sequences,
+        }
+
+    def _typing_sequence(self, case: Case, drafter: str) -> dict:
+        e = self.engine
+        doc = f"bench://{self.tag}/typing/{drafter}/{case.id}"
+        _forget_caches(e)
+        req = _request(case, drafter, doc, e.config.max_tokens, scope="auto")
+        t0 = time.perf_counter()
+        cold = e.complete(req)
+        cold_ms = (time.perf_counter() - t0) * 1000
+        suggestion = cold.text
+        warm = []
+        for k in range(1, self.s.keystrokes + 1):
+            if k >= len(suggestion):
+                break
+            typed = suggestion[:k]
+            req = _request(case, drafter, doc, e.config.max_tokens, scope="auto", prefix=case.prefix + typed)
+            t0 = time.perf_counter()
+            res = e.complete(req)
+            ms = (time.perf_counter() - t0) * 1000
+            s = res.stats
+            warm.append({
+                "typed": typed, "ms": round(ms, 1), "reused_prompt_tokens": s.reused_prompt_tokens,
+                "prompt_tokens": s.prompt_tokens, "target_forwards": s.target_forwards,
+                "accepted_from_suggestion": s.accepted_by.get("suggestion", 0),
+                "continues_suggestion": suggestion[k:].startswith(res.text) or res.text.startswith(suggestion[k:]),
+            })
+        return {"case": case.id, "drafter": drafter, "cold_ms": round(cold_ms, 1),
+                "prompt_tokens": cold.stats.prompt_tokens, "suggestion": suggestion, "warm": warm}
+
+    # ---- cancel -------------------------------------------------------------------------------
+    def run_cancel(self) -> dict:
+        """Cancel running requests at moments spread over prefill and decode; count the target
+        forwards that still finished after the cancel (the one in flight may)."""
+        e = self.engine
+        case = max(self.cases, key=lambda c: len(c.prefix))
+        mode = self.s.typing_drafter
+        _forget_caches(e)
+        calib = e.complete(_request(case, mode, f"bench://{self.tag}/cancel/calibrate", self.s.max_tokens))
+        prefill_s = calib.stats.prefill_ms / 1000
+        per_forward_s = calib.stats.decode_ms / 1000 / max(1, calib.stats.target_forwards)
+        rng = random.Random(self.s.seed)
+        tries = []
+        for i in range(self.s.cancel_tries):
+            self.progress("cancel")
+            _forget_caches(e)
+            # the first try lands inside the prefill, the rest inside the decode loop
+            delay = prefill_s * 0.5 if i == 0 else prefill_s + per_forward_s * (1 + rng.random() * 6)
+            req = _request(case, mode, f"bench://{self.tag}/cancel/{i}", 4 * self.s.max_tokens)
+            job = e.submit(req)
+            time.sleep(delay)
+            t_cancel = time.perf_counter()
+            job.cancel()
+            res = job.result()
+            latency = (time.perf_counter() - t_cancel) * 1000
+            tries.append({"delay_ms": round(delay * 1000, 1), "stopped": res.stats.stopped,
+                          "forwards_after_cancel": res.stats.forwards_after_cancel,
+                          "cancel_to_result_ms": round(latency, 1), "target_forwards": res.stats.target_forwards})
+        cancelled = [t for t in tries if t["stopped"] == "cancelled"]
+        after = [t["forwards_after_cancel"] for t in cancelled]
+        lat = [t["cancel_to_result_ms"] for t in cancelled]
+        return {
+            "forwards_after_cancel_p95": _r(percentile(after, 95), 2),
+            "forwards_after_cancel_max": max(after) if after else None,
+            "cancel_to_result_ms_p50": _r(percentile(lat, 50)), "cancel_to_result_ms_p95": _r(percentile(lat, 95)),
+            "tries": tries, "cancelled_tries": len(cancelled), "drafter": mode,
+            "per_forward_ms": round(per_forward_s * 1000, 1),
+        }
+
+    # ---- everything ---------------------------------------------------------------------------
+    def run(self) -> BenchResult:
+        modes = self.plan_modes()
+        self.warm_up(modes)
+        self.run_cases(modes)
+        if self.s.typing_cases > 0:
+            self.result.typing = self.run_typing()
+        if self.s.cancel_tries > 0:
+            self.result.cancel = self.run_cancel()
+        for r in self.llama.values():
+            r.close()
+        return self.result
+
+    def steps(self, modes_count: int) -> int:
+        typing = self.s.typing_cases * 2 if self.s.typing_cases > 0 else 0
+        return len(self.cases) * modes_count + typing + max(0, self.s.cancel_tries)
+
+
+def _r(x: float | None, nd: int = 1) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def machine_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = None
+    try:
+        with open("/proc/meminfo") as f:
+            mem = round(int(f.readline().split()[1]) / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    info = {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem, "os": platform.platform(),
+            "python": platform.python_version()}
+    try:
+        import torch
+        import transformers
+
+        info.update(torch=torch.__version__, transformers=transformers.__version__,
+                    torch_threads=torch.get_num_threads(), cpu_capability=torch.backends.cpu.get_cpu_capability())
+    except ImportError:
+        pass
+    from decoding.bench import llamacpp_baselines
+
+    info["llama_cpp_python"] = llamacpp_baselines.version()
+    return info
+
+
+def build_report_data(bench: Bench, modes_order: Sequence[str], config: dict) -> dict:
+    res = bench.result
+    modes = [m for m in modes_order if m in res.runs]
+    summary = summarize(res.runs, modes)
+    return {
+        "modes": summary,
+        "typing": res.typing,
+        "cancel": res.cancel,
+        "draft_model": draft_model_verdict(summary),
+        "goals": check_goals(summary, res.typing, res.cancel),
+        "skipped_modes": res.skipped,
+        "config": {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                   "machine": machine_info(), "timing_method": TIMING_METHOD},
+        "cases": [c.to_dict() for c in bench.cases],
+        "runs": {m: [r.to_dict() for r in res.runs[m].values()] for m in modes},
+    }

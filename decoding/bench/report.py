@@ -1,0 +1,140 @@
+"""The benchmark's outputs: a Markdown report, a JSON file and a PNG plot."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Mapping
+
+MODE_LABELS = {
+    "hf-plain": "transformers generate (plain)",
+    "hf-assisted": "transformers assisted (draft model)",
+    "hf-lookup": "transformers prompt lookup",
+    "none": "draftwise none",
+    "lookup": "draftwise lookup",
+    "model": "draftwise model",
+    "auto": "draftwise auto",
+    "llamacpp-plain": "llama.cpp (plain)",
+    "llamacpp-lookup": "llama.cpp prompt lookup",
+}
+REQUIRED_MODE_KEYS = ("decode_tok_s", "speedup_vs_plain", "identical_rate", "acceptance_rate",
+                      "tokens_per_forward", "p50_ms", "p95_ms", "min_case_speedup")
+
+
+def _fmt(x, spec: str = ".2f", suffix: str = "") -> str:
+    if x is None:
+        return "–"
+    return f"{x:{spec}}{suffix}"
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def markdown(data: Mapping) -> str:
+    cfg = data["config"]
+    m = cfg.get("machine", {})
+    lines = [
+        f"## draftwise bench — {cfg.get('date', '')}",
+        "",
+        f"- machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, {m.get('memory_gib', '?')} GiB; "
+        f"torch {m.get('torch', '?')}, transformers {m.get('transformers', '?')}"
+        + (f", llama-cpp-python {m['llama_cpp_python']}" if m.get("llama_cpp_python") else ""),
+        f"- target `{cfg.get('target')}`" + (f", draft `{cfg['draft']}`" if cfg.get("draft") else ", no draft model")
+        + f", {cfg.get('device', '?')} {cfg.get('dtype', '?')}, greedy, up to {cfg.get('max_tokens')} new tokens",
+        f"- {cfg.get('cases')} cases ({', '.join(f'{k} {v}' for k, v in cfg.get('languages', {}).items())}), "
+        f"seed {cfg.get('seed')}, corpus: {cfg.get('corpus')}",
+        f"- command: `{cfg.get('command', '')}`",
+        "",
+        "| mode | decode tok/s | speedup vs hf-plain (median) | slowest case | vs own plain | first token ms | "
+        "p50 ms | p95 ms | acceptance | tokens/forward | identical to hf-plain | prompt tokens reused |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, s in data["modes"].items():
+        own = "" if s.get("family_plain") in (mode, None) else _fmt(s.get("speedup_vs_family_plain"), ".2f", "×")
+        lines.append(
+            f"| {mode} | {_fmt(s['decode_tok_s'], '.1f')} | {_fmt(s['speedup_vs_plain'], '.2f', '×')} | "
+            f"{_fmt(s['min_case_speedup'], '.2f', '×')} | {own} | {_fmt(s.get('ttft_ms'), '.0f')} | "
+            f"{_fmt(s['p50_ms'], '.0f')} | {_fmt(s['p95_ms'], '.0f')} | {_pct(s['acceptance_rate'])} | "
+            f"{_fmt(s['tokens_per_forward'], '.2f')} | {_pct(s['identical_rate'])} | {s.get('reused_prompt_tokens', 0)} |"
+        )
+    if data.get("skipped_modes"):
+        lines.append("")
+        for mode, why in data["skipped_modes"].items():
+            lines.append(f"- skipped `{mode}`: {why}")
+    errors = {mode: s["errors"] for mode, s in data["modes"].items() if s.get("errors")}
+    if errors:
+        lines.append("- runs that failed: " + ", ".join(f"{k} {v}" for k, v in errors.items()) + " (see the JSON)")
+    by_lang = {mode: s.get("speedup_by_language", {}) for mode, s in data["modes"].items() if mode != "hf-plain"}
+    langs = sorted({lang for v in by_lang.values() for lang in v})
+    if langs:
+        lines += ["", "Median decode speedup vs hf-plain, per language:", "",
+                  "| mode | " + " | ".join(langs) + " |", "|---|" + "---:|" * len(langs)]
+        for mode, v in by_lang.items():
+            lines.append(f"| {mode} | " + " | ".join(_fmt(v.get(lang), ".2f", "×") for lang in langs) + " |")
+    t = data.get("typing")
+    if t and t.get("cold_ms") is not None:
+        kv = t.get("kv_reuse_only", {})
+        lines += ["", f"Typing simulation ({t.get('keystrokes')} keystrokes into each suggestion, prompts of "
+                      f"{', '.join(str(p) for p in t.get('prompt_tokens', []))} tokens, drafter {t.get('drafter')}): "
+                      f"cold {_fmt(t['cold_ms'], '.0f')} ms, warm {_fmt(t['warm_ms'], '.0f')} ms, "
+                      f"warm/cold {_fmt(t['warm_over_cold'], '.3f')}; with KV reuse only (drafter none): cold "
+                      f"{_fmt(kv.get('cold_ms'), '.0f')} ms, warm {_fmt(kv.get('warm_ms'), '.0f')} ms, warm/cold "
+                      f"{_fmt(kv.get('warm_over_cold'), '.3f')}; warm suggestion continues the shown one: "
+                      f"{_pct(t.get('warm_continues_suggestion_rate'))}."]
+    elif t and t.get("note"):
+        lines += ["", f"Typing simulation: {t['note']}."]
+    c = data.get("cancel")
+    if c:
+        lines += ["", f"Cancel ({c.get('cancelled_tries')} requests cancelled mid-run): target forwards after "
+                      f"cancel p95 {_fmt(c.get('forwards_after_cancel_p95'), '.1f')} (max "
+                      f"{c.get('forwards_after_cancel_max')}), cancel-to-result p50 {_fmt(c.get('cancel_to_result_ms_p50'), '.0f')} ms, "
+                      f"p95 {_fmt(c.get('cancel_to_result_ms_p95'), '.0f')} ms (one target forward is "
+                      f"{_fmt(c.get('per_forward_ms'), '.0f')} ms)."]
+    d = data.get("draft_model")
+    if d:
+        lines += ["", f"Draft model: `model` decodes at {_fmt(d['model_speedup_vs_none'], '.2f', '×')} the speed of "
+                      f"plain decoding in the same engine — it {'pays' if d['draft_model_pays'] else 'does not pay'} "
+                      f"here; `auto` drafted {_pct(d['auto_drafted_by_model_share'])} of its draft tokens with it "
+                      f"(auto: {_fmt(d['auto_speedup_vs_none'], '.2f', '×')} plain)."]
+    goals = data.get("goals") or []
+    if goals:
+        lines += ["", "| goal | measured | target | met |", "|---|---:|---:|:---:|"]
+        for g in goals:
+            met = "–" if g["met"] is None else ("yes" if g["met"] else "**no**")
+            lines.append(f"| {g['goal']} | {g['value']} | {g['target']} | {met} |")
+    lines += ["", f"Timing: {cfg.get('timing_method', '')}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_json(data: Mapping, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def plot(data: Mapping, path: str | Path) -> None:
+    """Grouped bars: median decode speedup vs hf-plain, per mode, per language and overall."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never open a window
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in data["modes"] if m != "hf-plain"]
+    langs = sorted({lang for m in modes for lang in data["modes"][m].get("speedup_by_language", {})})
+    groups = langs + ["all"]
+    width = 0.8 / max(1, len(modes))
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(groups) + 2), 4.5))
+    for i, mode in enumerate(modes):
+        s = data["modes"][mode]
+        vals = [s.get("speedup_by_language", {}).get(g) for g in langs] + [s.get("speedup_vs_plain")]
+        xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(groups))]
+        ax.bar(xs, [v or 0 for v in vals], width, label=MODE_LABELS.get(mode, mode))
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups)
+    ax.set_ylabel("decode speedup vs transformers generate (median)")
+    cfg = data["config"]
+    ax.set_title(f"{Path(str(cfg.get('target'))).name} on {cfg.get('machine', {}).get('cores', '?')} CPU cores, "
+                 f"{cfg.get('cases')} cases, {cfg.get('date', '')}", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=120)
+    plt.close(fig)

@@ -1,0 +1,270 @@
+"""The language server: capabilities and one short handler per LSP method.
+
+The logic lives elsewhere (see the package docstring); handlers only translate between LSP and it.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import ipaddress
+import logging
+import os
+import sys
+from typing import Any
+
+import cattrs
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.uris import to_fs_path
+
+from decoding.api import EngineConfig
+from decoding.errors import DraftwiseError
+from lsp_server.completions import (
+    ACCEPTED_COMMAND, PARTIALLY_ACCEPTED_COMMAND, Completions, completion_result, inline_result,
+)
+from lsp_server.config import KNOWN_KEYS, Settings, apply_settings
+from lsp_server.documents import DocumentStore
+from lsp_server.engine_host import EngineHost
+from lsp_server.progress import LoadProgress
+
+log = logging.getLogger(__name__)
+
+STATS_REQUEST = "draftwise/stats"
+DOCUMENT_TEXT_REQUEST = "draftwise/documentText"
+SERVER_VERSION = "0.1.0"
+
+# Document version when a completion request arrived. Requests run as tasks that start a loop turn
+# later; a didChange read in between (possible when several messages arrive in one read) must make
+# the request stale rather than have its position read against newer text.
+arrival_version: contextvars.ContextVar[int | None] = contextvars.ContextVar("arrival_version", default=None)
+_COMPLETION_METHODS = (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION)
+
+
+class _Unreadable:
+    """A request whose params could not be read; it has been answered with InvalidParams."""
+
+
+class DraftwiseProtocol(LanguageServerProtocol):
+    def structure_message(self, data: dict[str, Any]):
+        try:
+            return super().structure_message(data)
+        except JsonRpcException as err:
+            if not ("id" in data and "method" in data):
+                raise
+            # pygls would log this and drop the request, leaving the client waiting for an answer.
+            cause = err.__cause__
+            detail = "; ".join(cattrs.transform_error(cause)) if isinstance(cause, cattrs.BaseValidationError) \
+                else str(cause or err)
+            log.warning("invalid params for %s: %s", data["method"], detail)
+            self._send_response(data["id"], error=JsonRpcInvalidParams(
+                f"invalid params for {data['method']}: {detail}").to_response_error())
+            return _Unreadable()
+
+    def handle_message(self, message):
+        if isinstance(message, _Unreadable):
+            return
+        super().handle_message(message)
+
+    def _handle_request(self, msg_id, method_name, params):
+        if method_name in _COMPLETION_METHODS:
+            doc = self._server.documents.get(params.text_document.uri)
+            arrival_version.set(doc.version if doc is not None else None)
+        super()._handle_request(msg_id, method_name, params)
+
+
+class DraftwiseServer(LanguageServer):
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__("draftwise", SERVER_VERSION, protocol_cls=DraftwiseProtocol,
+                         text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
+        self.settings = Settings(engine=config)
+        self.documents = DocumentStore()
+        self.engine_host = EngineHost(self.settings)
+        self.completions = Completions(self.documents, self.engine_host, lambda: self.settings,
+                                       self.workspace_folders)
+        self.client_has_inline_completion = False
+        self._pending_problems: list[str] = []
+        self._tasks: set[asyncio.Task] = set()
+
+    def workspace_folders(self) -> list[str]:
+        try:
+            workspace = self.workspace
+        except RuntimeError:  # before initialize
+            return []
+        uris = [f.uri for f in workspace.folders.values()] or ([workspace.root_uri] if workspace.root_uri else [])
+        return [path for path in (to_fs_path(uri) for uri in uris) if path]
+
+    def report_server_error(self, error: Exception, source) -> None:
+        # pygls would pop up a message in the editor for each error; per keystroke that is unusable.
+        log.error("%s: %s", getattr(source, "__name__", source), error)
+
+    # ---- settings and loading ------------------------------------------------------------------
+
+    def update_settings(self, raw: Any, where: str) -> Settings:
+        update = apply_settings(self.settings, raw)
+        if update.ignored:
+            log.warning("ignoring unknown draftwise settings in %s: %s (known: %s)",
+                        where, ", ".join(update.ignored), ", ".join(KNOWN_KEYS))
+        for problem in update.problems:
+            log.warning("%s", problem)
+        self._pending_problems += update.problems
+        return update.settings
+
+    def show_pending_problems(self) -> None:
+        if self._pending_problems:
+            self.window_show_message(types.ShowMessageParams(
+                type=types.MessageType.Error, message=" ".join(self._pending_problems)))
+            self._pending_problems.clear()
+
+    def spawn(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def configure_engine(self, settings: Settings) -> None:
+        progress = LoadProgress(self, "draftwise: loading model")
+        loaded = await self.engine_host.configure(settings, progress)
+        if loaded is False:
+            # Once per failed load: requests keep getting empty answers, stats say why.
+            self.window_show_message(types.ShowMessageParams(
+                type=types.MessageType.Error, message=f"draftwise: {self.engine_host.error}"))
+
+    def document_info(self, params: Any) -> dict[str, Any]:
+        if not isinstance(params, dict) or not isinstance(params.get("textDocument"), dict) \
+                or not isinstance(params["textDocument"].get("uri"), str):
+            raise JsonRpcInvalidParams(f"{DOCUMENT_TEXT_REQUEST} takes {{\"textDocument\": {{\"uri\": string}}, "
+                                       f"\"position\"?: Position}}")
+        uri = params["textDocument"]["uri"]
+        doc = self.documents.get(uri)
+        if doc is None:
+            raise JsonRpcInvalidParams(f"document is not open: {uri}")
+        info: dict[str, Any] = {"uri": uri, "version": doc.version, "languageId": doc.language_id,
+                                "text": doc.text, "positionEncoding": self.documents.encoding}
+        if (position := params.get("position")) is not None:
+            try:
+                pos = types.Position(line=position["line"], character=position["character"])
+            except (TypeError, KeyError, ValueError) as err:
+                raise JsonRpcInvalidParams(f"position must be {{line, character}}: {err}") from err
+            info["offset"] = doc.offset_at(pos, self.documents.encoding)
+        return info
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.engine_host.stats(), "suggestions": self.completions.counts.to_dict(),
+                "positionEncoding": self.documents.encoding, "openDocuments": len(self.documents)}
+
+
+def create_server(config: EngineConfig) -> DraftwiseServer:
+    server = DraftwiseServer(config)
+
+    @server.feature(types.INITIALIZE)
+    def initialize(ls: DraftwiseServer, params: types.InitializeParams) -> None:
+        encoding = ls.workspace.position_encoding or types.PositionEncodingKind.Utf16
+        ls.documents.encoding = getattr(encoding, "value", encoding)
+        text_caps = params.capabilities.text_document
+        ls.client_has_inline_completion = bool(text_caps and text_caps.inline_completion)
+        ls.settings = ls.update_settings(params.initialization_options, "initializationOptions")
+
+    @server.feature(types.INITIALIZED)
+    def initialized(ls: DraftwiseServer, params: types.InitializedParams) -> None:
+        ls.show_pending_problems()
+        ls.spawn(ls.configure_engine(ls.settings))
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def did_change_configuration(ls: DraftwiseServer, params: types.DidChangeConfigurationParams) -> None:
+        ls.settings = ls.update_settings(params.settings, "workspace/didChangeConfiguration")
+        ls.show_pending_problems()
+        ls.spawn(ls.configure_engine(ls.settings))  # reloads only when the models change
+
+    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: DraftwiseServer, params: types.DidOpenTextDocumentParams) -> None:
+        doc = params.text_document
+        ls.documents.open(doc.uri, doc.language_id, doc.version, doc.text)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: DraftwiseServer, params: types.DidChangeTextDocumentParams) -> None:
+        doc = params.text_document
+        ls.documents.change(doc.uri, doc.version, params.content_changes)
+        ls.engine_host.document_changed(doc.uri, doc.version)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: DraftwiseServer, params: types.DidCloseTextDocumentParams) -> None:
+        ls.documents.close(params.text_document.uri)
+        ls.engine_host.document_closed(params.text_document.uri)
+        ls.completions.document_closed(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(ls: DraftwiseServer, params: types.InlineCompletionParams):
+        suggestion = await ls.completions.suggest(
+            params.text_document.uri, params.position, arrival_version=arrival_version.get(),
+            selected=params.context.selected_completion_info)
+        return inline_result(suggestion)
+
+    @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions())
+    async def completion(ls: DraftwiseServer, params: types.CompletionParams):
+        if ls.client_has_inline_completion:
+            # The client shows ghost text already; a popup item too would duplicate it, and its
+            # request would cancel the inline one (one job per document).
+            return completion_result(None)
+        suggestion = await ls.completions.suggest(params.text_document.uri, params.position,
+                                                  arrival_version=arrival_version.get())
+        doc = ls.documents.get(params.text_document.uri)
+        return completion_result(suggestion, doc.language_id if doc else "")
+
+    @server.command(ACCEPTED_COMMAND)
+    def accepted(ls: DraftwiseServer, *arguments: Any) -> None:
+        ls.completions.accepted(arguments)
+
+    @server.command(PARTIALLY_ACCEPTED_COMMAND)
+    def partially_accepted(ls: DraftwiseServer, *arguments: Any) -> None:
+        ls.completions.partially_accepted(arguments)
+
+    @server.feature(STATS_REQUEST)
+    def stats(ls: DraftwiseServer, params: Any) -> dict[str, Any]:
+        return ls.stats()
+
+    @server.feature(DOCUMENT_TEXT_REQUEST)
+    def document_text(ls: DraftwiseServer, params: Any) -> dict[str, Any]:
+        # The server's copy of a document, for client authors checking their sync and encodings.
+        return ls.document_info(params)
+
+    @server.feature(types.SHUTDOWN)
+    async def shutdown(ls: DraftwiseServer, params: None) -> None:
+        await ls.engine_host.close()
+
+    return server
+
+
+def _protocol_stdout():
+    """A private handle on the real stdout for LSP messages, with fd 1 pointed at stderr: a stray
+    print (or a C library writing to fd 1) then ends up in the log instead of corrupting the stream."""
+    sys.stdout.flush()
+    protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    return protocol_out
+
+
+def _check_host(host: str, allow_remote: bool) -> None:
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not allow_remote:
+        raise DraftwiseError(f"refusing to listen on {host}: the server has no authentication, so anyone who "
+                         f"can reach that address could read your open files. Use 127.0.0.1, or allow "
+                         f"remote connections explicitly.")
+
+
+def run(config: EngineConfig, *, tcp: tuple[str, int] | None = None, allow_remote: bool = False) -> None:
+    """Serve LSP over stdio (tcp=None) or TCP until the client says exit."""
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # pygls logs every message body (whole documents) at INFO.
+        logging.getLogger("pygls").setLevel(logging.WARNING)
+    server = create_server(config)
+    if tcp is not None:
+        host, port = tcp
+        _check_host(host, allow_remote)
+        server.start_tcp(host, port)
+    else:
+        server.start_io(sys.stdin.buffer, _protocol_stdout())

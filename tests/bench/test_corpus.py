@@ -1,0 +1,175 @@
+"""Case sampling: deterministic for a seed, cursors where the kind says, text split losslessly."""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from decoding.bench import cli as bench_cli
+from decoding.bench.corpus import (
+    CURSOR_KINDS, MIN_PREFIX_CHARS, CorpusError, language_of, list_files, parse_languages, sample_cases,
+)
+from decoding.errors import DraftwiseError
+
+
+def _python_module(n: int) -> str:
+    parts = [f'"""Module {n}: helpers for the inventory service."""\nimport os\nimport sys\n\n']
+    for i in range(14):
+        parts.append(
+            f"class Record{i}:\n"
+            f"    def __init__(self, name, quantity):\n"
+            f"        self.name = name\n"
+            f"        self.quantity = quantity\n\n"
+            f"    def restock(self, amount):\n"
+            f"        if amount <= 0:\n"
+            f"            raise ValueError('amount must be positive')\n"
+            f"        self.quantity += amount\n"
+            f"        return self.quantity\n\n"
+        )
+    return "".join(parts)
+
+
+def _js_module(n: int) -> str:
+    parts = [f"// Module {n}\n'use strict'\n\n"]
+    for i in range(16):
+        parts.append(
+            f"function updateTotals{i}(items, options) {{\n"
+            f"  const result = items.map((item) => item.price * item.count)\n"
+            f"  if (options.verbose) {{\n"
+            f"    console.log(result.length)\n"
+            f"  }}\n"
+            f"  return result.reduce((a, b) => a + b, 0)\n"
+            f"}}\n\n"
+        )
+    return "".join(parts)
+
+
+def _c_header(n: int) -> str:
+    parts = [f"/* header {n} */\n#ifndef H{n}\n#define H{n}\n\n"]
+    for i in range(18):
+        parts.append(
+            f"static int compute_total{i}(const int *values, int count) {{\n"
+            f"    int total = 0;\n"
+            f"    for (int i = 0; i < count; i++) {{\n"
+            f"        total += values[i];\n"
+            f"    }}\n"
+            f"    return total;\n"
+            f"}}\n\n"
+        )
+    return "".join(parts) + "#endif\n"
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "web").mkdir()
+    (tmp_path / "include").mkdir()
+    (tmp_path / "node_modules" / "dep").mkdir(parents=True)  # a dependency, not the repo's code
+    for n in range(3):
+        (tmp_path / "pkg" / f"mod{n}.py").write_text(_python_module(n))
+        (tmp_path / "web" / f"app{n}.js").write_text(_js_module(n))
+        (tmp_path / "include" / f"calc{n}.h").write_text(_c_header(n))
+    (tmp_path / "node_modules" / "dep" / "index.js").write_text(_js_module(99))
+    (tmp_path / "pkg" / "tiny.py").write_text("x = 1\n")  # too small to be a case
+    return tmp_path
+
+
+def _file_text(case) -> str:
+    return Path(case.source).read_text()
+
+
+def test_same_seed_gives_the_same_cases(repo):
+    a = sample_cases(9, seed=3, corpus=repo)
+    b = sample_cases(9, seed=3, corpus=repo)
+    assert [c.to_dict(with_text=True) for c in a] == [c.to_dict(with_text=True) for c in b]
+
+
+def test_another_seed_gives_other_cases(repo):
+    a = sample_cases(9, seed=3, corpus=repo)
+    b = sample_cases(9, seed=4, corpus=repo)
+    assert [c.id for c in a] != [c.id for c in b]
+
+
+def test_cases_spread_over_languages_and_kinds(repo):
+    cases = sample_cases(12, seed=0, corpus=repo)
+    assert len(cases) == 12
+    langs = [c.language for c in cases]
+    assert {langs.count(x) for x in ("python", "javascript", "c")} == {4}
+    assert {c.kind for c in cases} == set(CURSOR_KINDS)
+    assert len({c.id for c in cases}) == 12
+    assert not any("node_modules" in c.source for c in cases)
+    assert not any(c.path.endswith("tiny.py") for c in cases)
+
+
+def test_prefix_removed_text_and_suffix_are_a_contiguous_slice_of_the_file(repo):
+    for case in sample_cases(12, seed=1, corpus=repo):
+        text = _file_text(case)
+        whole = case.prefix + case.expected + case.suffix
+        assert whole in text
+        assert case.expected.strip()
+        cursor = text.index(whole) + len(case.prefix)
+        assert cursor >= MIN_PREFIX_CHARS
+        assert text[:cursor].count("\n") + 1 == case.line
+
+
+def test_cursor_positions_match_their_kind(repo):
+    cases = sample_cases(24, seed=2, corpus=repo)
+    for c in cases:
+        before = c.prefix
+        if c.kind == "line_start":
+            line = before.rsplit("\n", 1)[-1]
+            assert line and not line.strip(), c.id  # only indentation typed on this line
+        elif c.kind == "after_opener":
+            assert before[-1] in "([{:", c.id
+        elif c.kind == "mid_identifier":
+            assert re.search(r"[A-Za-z_][A-Za-z0-9_]+$", before), c.id
+            assert re.match(r"[A-Za-z0-9_]", c.expected), c.id
+        elif c.kind == "end_of_line":
+            assert c.expected.startswith("\n"), c.id
+            assert before.rsplit("\n", 1)[-1].strip(), c.id
+
+
+def test_languages_filter_and_aliases(repo):
+    cases = sample_cases(4, seed=0, corpus=repo, languages=parse_languages("js"))
+    assert {c.language for c in cases} == {"javascript"}
+    assert parse_languages("py, c++ ,sh") == ("python", "cpp", "shellscript")
+    assert parse_languages("") is None
+
+
+def test_unknown_language_and_missing_corpus_are_clear_errors(repo, tmp_path):
+    with pytest.raises(CorpusError, match="unknown language 'cobol'"):
+        parse_languages("python,cobol")
+    with pytest.raises(CorpusError, match="not a directory"):
+        sample_cases(2, corpus=tmp_path / "nope")
+    with pytest.raises(CorpusError, match="no source files for rust"):
+        sample_cases(2, corpus=repo, languages=("rust",))
+    with pytest.raises(CorpusError, match="at least 1"):
+        sample_cases(0, corpus=repo)
+
+
+def test_header_language_is_decided_by_content(tmp_path):
+    assert language_of("x.h", "int add(int a, int b);\n") == "c"
+    assert language_of("x.h", "namespace fmt {\ntemplate <typename T> class buffer;\n}\n") == "cpp"
+    assert language_of("x.hpp") == "cpp"
+    (tmp_path / "a.h").write_text("int x;\n")
+    files = list_files([tmp_path])
+    assert [p.name for p, _ in files["c"]] == [p.name for p, _ in files["cpp"]] == ["a.h"]
+
+
+def test_list_cases_runs_without_a_model(repo, capsys):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", default="qwen2.5-coder-0.5b")
+    bench_cli.add_arguments(parser)
+    args = parser.parse_args(["--corpus", str(repo), "--limit", "3", "--list-cases"])
+    assert bench_cli.run(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 2 + 3  # header, rule, one row per case
+    assert "mod" in out or "app" in out or "calc" in out
+
+
+def test_bad_modes_are_rejected():
+    with pytest.raises(DraftwiseError, match="unknown mode fast"):
+        bench_cli.parse_modes("auto,fast")
+    assert bench_cli.parse_modes("auto")[0] == "hf-plain"  # the reference is always measured

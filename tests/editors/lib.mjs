@@ -1,0 +1,187 @@
+// Shared pieces of the editor tests: where things are, which server command and model to use,
+// polling, and process cleanup.
+import { execFileSync, spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const here = path.dirname(fileURLToPath(import.meta.url));
+export const repoRoot = path.resolve(here, '..', '..');
+export const cacheDir = process.env.DRAFTWISE_EDITORS_CACHE ?? path.join(repoRoot, '.cache', 'editors');
+export const binDir = path.join(cacheDir, 'bin');
+export const artifactsDir = path.join(here, 'artifacts');
+export const python = process.env.DRAFTWISE_PYTHON ?? path.join(repoRoot, '.venv', 'bin', 'python');
+
+/** Model presets the tests can run against. */
+export const MODELS = {
+  // Random 2-layer model with a real tokenizer: nonsense text, but a real suggestion from the real
+  // server, in milliseconds.
+  tiny: { target: () => tinyModelDir(), maxTokens: 12, loadTimeoutMs: 180_000, replyTimeoutMs: 60_000 },
+  // Qwen2.5-Coder 0.5B: a few seconds per suggestion on a laptop CPU.
+  real: { target: () => 'qwen2.5-coder-0.5b', maxTokens: 16, loadTimeoutMs: 300_000, replyTimeoutMs: 180_000 },
+};
+
+let tinyDir;
+/** Builds the tiny test model once (about 2 s) into the cache and returns its directory. */
+export function tinyModelDir() {
+  if (tinyDir) return tinyDir;
+  const dir = path.join(cacheDir, 'tiny-model');
+  if (!fs.existsSync(path.join(dir, 'config.json'))) {
+    execFileSync(python, [path.join(here, 'make_tiny_model.py'), dir], {
+      cwd: repoRoot,
+      env: serverEnv(),
+      stdio: ['ignore', 'inherit', 'inherit'],
+    });
+  }
+  tinyDir = dir;
+  return dir;
+}
+
+/** Whether the real 0.5B model is on this machine (the tests that need it skip otherwise). */
+export function realModelPresent() {
+  const home = process.env.DRAFTWISE_HOME ?? path.join(os.homedir(), '.cache', 'draftwise');
+  return fs.existsSync(path.join(home, 'models', 'qwen2.5-coder-0.5b', 'config.json'));
+}
+
+export function serverEnv() {
+  const env = { ...process.env, PYTHONUNBUFFERED: '1' };
+  // Until the package is installed the modules are imported from the checkout.
+  env.PYTHONPATH = env.PYTHONPATH ? `${repoRoot}${path.delimiter}${env.PYTHONPATH}` : repoRoot;
+  return env;
+}
+
+/**
+ * The argv that starts the language server: $DRAFTWISE_SERVER_CMD (a JSON list) if set, else the
+ * project's installed `draftwise`, else its module run by the project's Python. Extra arguments
+ * (e.g. --log-file) come after `serve`.
+ */
+export function serverCommand(extra = []) {
+  if (process.env.DRAFTWISE_SERVER_CMD) {
+    return [...JSON.parse(process.env.DRAFTWISE_SERVER_CMD), ...extra];
+  }
+  const installed = path.join(repoRoot, '.venv', 'bin', 'draftwise');
+  if (fs.existsSync(installed)) {
+    return [installed, 'serve', ...extra];
+  }
+  return [python, '-m', 'lsp_server.cli', 'serve', ...extra];
+}
+
+export function tool(name) {
+  const file = path.join(binDir, name);
+  if (!fs.existsSync(file)) {
+    throw new Error(`${file} is missing: run editor-clients/setup-editors.sh`);
+  }
+  return file;
+}
+
+export function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** Polls fn until it returns a truthy value; throws with `what` and the last value after timeoutMs. */
+export async function waitFor(what, fn, { timeoutMs = 30_000, intervalMs = 200 } = {}) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  let lastError;
+  while (Date.now() < deadline) {
+    try {
+      last = await fn();
+      if (last) return last;
+    } catch (error) {
+      lastError = error;
+    }
+    await sleep(intervalMs);
+  }
+  const detail = lastError ? `; last error: ${lastError.message ?? lastError}` : `; last value: ${JSON.stringify(last)}`;
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${detail}`);
+}
+
+export function makeTempDir(prefix) {
+  return fs.mkdtempSync(path.join(os.tmpdir(), `draftwise-${prefix}-`));
+}
+
+export function ensureArtifactsDir() {
+  fs.mkdirSync(artifactsDir, { recursive: true });
+  return artifactsDir;
+}
+
+/** Process ids of pid's descendants (from /proc), deepest first. */
+export function descendants(pid) {
+  const children = new Map();
+  for (const entry of fs.readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      const stat = fs.readFileSync(`/proc/${entry}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      if (!children.has(ppid)) children.set(ppid, []);
+      children.get(ppid).push(Number(entry));
+    } catch {
+      // the process ended while we looked
+    }
+  }
+  const out = [];
+  const visit = (p) => {
+    for (const child of children.get(p) ?? []) {
+      visit(child);
+      out.push(child);
+    }
+  };
+  visit(pid);
+  return out;
+}
+
+/** Stops a process we started and everything it started, by pid. */
+export async function stopTree(child, { graceMs = 3000 } = {}) {
+  if (!child || child.exitCode !== null || child.signalCode !== null) {
+    return;
+  }
+  const pids = [...descendants(child.pid), child.pid];
+  for (const pid of pids) {
+    try {
+      process.kill(pid, 'SIGTERM');
+    } catch {
+      // already gone
+    }
+  }
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  await Promise.race([exited, sleep(graceMs)]);
+  for (const pid of pids) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // already gone
+    }
+  }
+}
+
+/** Spawns a long-running helper with its output kept in a log file (shown when a test fails). */
+export function spawnLogged(command, args, { logFile, ...options }) {
+  const out = fs.openSync(logFile, 'a');
+  const child = spawn(command, args, { ...options, stdio: ['ignore', out, out] });
+  fs.closeSync(out);
+  return child;
+}
+
+export function tail(file, lines = 40) {
+  try {
+    return fs.readFileSync(file, 'utf8').split('\n').slice(-lines).join('\n');
+  } catch {
+    return `(no ${file})`;
+  }
+}
+
+/** Messages logged by lsp-tap.mjs: [{direction: 'to-server' | 'to-editor', time, message}]. */
+export function readTap(file) {
+  if (!fs.existsSync(file)) return [];
+  const entries = [];
+  for (const line of fs.readFileSync(file, 'utf8').split('\n')) {
+    if (line.trim() === '') continue;
+    try {
+      entries.push(JSON.parse(line));
+    } catch {
+      // the line being written right now
+    }
+  }
+  return entries;
+}

@@ -1,0 +1,161 @@
+// Runs Neovim with the plugin from this repository against the real server, and reads its state
+// over Neovim's own RPC (--listen / --remote-expr / --remote-send).
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { here, makeTempDir, serverCommand, serverEnv, spawnLogged, stopTree, tool, waitFor } from './lib.mjs';
+
+export const INIT = path.join(here, 'nvim', 'init.lua');
+
+/** Environment for an isolated Neovim (no user config or plugins) that starts our server. */
+export function nvimEnv({ home, settings, serverLog }) {
+  const env = serverEnv();
+  for (const dir of ['config', 'data', 'state', 'cache']) {
+    env[`XDG_${dir.toUpperCase()}_HOME`] = path.join(home, dir);
+  }
+  env.DRAFTWISE_TEST_CMD = JSON.stringify(serverCommand(['--log-file', serverLog]));
+  env.DRAFTWISE_TEST_SETTINGS = JSON.stringify(settings);
+  return env;
+}
+
+export class NvimClient {
+  constructor(socket) {
+    this.socket = socket;
+    this.nvim = tool('nvim');
+  }
+
+  /** JSON value of v:lua.draftwise_probe(what) (see nvim/init.lua). */
+  probe(what) {
+    const out = execFileSync(this.nvim, ['--server', this.socket, '--remote-expr', `v:lua.draftwise_probe('${what}')`], {
+      encoding: 'utf8',
+      timeout: 10_000,
+    });
+    const value = JSON.parse(out);
+    if (value && value.probe_error) throw new Error(`probe ${what}: ${value.probe_error}`);
+    return value;
+  }
+
+  /** Types keys (Neovim key notation) as if from the keyboard. */
+  send(keys) {
+    execFileSync(this.nvim, ['--server', this.socket, '--remote-send', keys], { timeout: 10_000 });
+  }
+
+  async waitReady(timeoutMs) {
+    return waitFor('the draftwise server to be ready in Neovim', () => {
+      const state = this.probe('state');
+      if (state.error) throw new Error(state.error);
+      if (state.stats && state.stats.state === 'failed') {
+        throw new Error(`model load failed: ${state.stats.error}`);
+      }
+      return state.stats && state.stats.state === 'ready' ? state : null;
+    }, { timeoutMs, intervalMs: 300 });
+  }
+
+  async waitSocket() {
+    await waitFor(`Neovim to listen on ${this.socket}`, () => fs.existsSync(this.socket), { timeoutMs: 20_000, intervalMs: 100 });
+  }
+}
+
+/** Neovim without a UI (--headless), for driving through RPC. */
+export class HeadlessNvim extends NvimClient {
+  static async start({ file, settings, logDir, name }) {
+    const home = makeTempDir(`nvim-${name}`);
+    const socket = path.join(home, 'nvim.sock');
+    const nvim = new HeadlessNvim(socket);
+    nvim.home = home;
+    nvim.serverLog = path.join(logDir, `${name}-server.log`);
+    nvim.log = path.join(logDir, `${name}-nvim.log`);
+    fs.rmSync(nvim.serverLog, { force: true });
+    fs.rmSync(nvim.log, { force: true });
+    nvim.process = spawnLogged(nvim.nvim, ['--headless', '--listen', socket, '-u', INIT, file], {
+      logFile: nvim.log,
+      cwd: path.dirname(file),
+      env: nvimEnv({ home, settings, serverLog: nvim.serverLog }),
+    });
+    await nvim.waitSocket();
+    return nvim;
+  }
+
+  async stop() {
+    try {
+      this.send('<C-\\><C-n>:qa!<CR>');
+    } catch {
+      // already gone
+    }
+    await stopTree(this.process, { graceMs: 3000 });
+  }
+}
+
+/** Neovim with its real terminal UI inside a private tmux server; keys are typed with send-keys. */
+export class TmuxNvim extends NvimClient {
+  static async start({ file, settings, logDir, name, width = 100, height = 30 }) {
+    const home = makeTempDir(`tmux-${name}`);
+    const socket = path.join(home, 'nvim.sock');
+    const t = new TmuxNvim(socket);
+    t.home = home;
+    t.tmuxSocket = path.join(home, 'tmux.sock');
+    t.serverLog = path.join(logDir, `${name}-server.log`);
+    fs.rmSync(t.serverLog, { force: true });
+    const env = nvimEnv({ home, settings, serverLog: t.serverLog });
+    const envArgs = [];
+    for (const key of ['DRAFTWISE_TEST_CMD', 'DRAFTWISE_TEST_SETTINGS', 'PYTHONPATH', 'XDG_CONFIG_HOME',
+      'XDG_DATA_HOME', 'XDG_STATE_HOME', 'XDG_CACHE_HOME']) {
+      envArgs.push('-e', `${key}=${env[key]}`);
+    }
+    t.tmux(['-f', '/dev/null', 'new-session', '-d', '-s', 'draftwise', '-x', String(width), '-y', String(height),
+      ...envArgs, t.nvim, '--listen', socket, '-u', INIT, file], { env: { ...env, TERM: 'xterm-256color' } });
+    await t.waitSocket();
+    return t;
+  }
+
+  tmux(args, options = {}) {
+    return execFileSync('tmux', ['-S', this.tmuxSocket, ...args], { encoding: 'utf8', timeout: 10_000, ...options });
+  }
+
+  /** Types literal text. */
+  type(text) {
+    this.tmux(['send-keys', '-t', 'draftwise', '-l', text]);
+  }
+
+  /** Presses keys by tmux name (Tab, Escape, Enter, C-s, ...). */
+  press(...keys) {
+    this.tmux(['send-keys', '-t', 'draftwise', ...keys]);
+  }
+
+  screen() {
+    return this.tmux(['capture-pane', '-p', '-t', 'draftwise']);
+  }
+
+  async stop() {
+    try {
+      this.tmux(['kill-server']);
+    } catch {
+      // already gone
+    }
+  }
+}
+
+/** The buffer expected after accepting: `insert` replaces bytes [start_col, end_col) of row. */
+export function applySuggestion(lines, suggestion) {
+  const line = Buffer.from(lines[suggestion.row], 'utf8');
+  const before = line.subarray(0, suggestion.start_col).toString('utf8');
+  const after = line.subarray(suggestion.end_col).toString('utf8');
+  const replaced = (before + suggestion.insert + after).split('\n');
+  return [...lines.slice(0, suggestion.row), ...replaced, ...lines.slice(suggestion.row + 1)];
+}
+
+/**
+ * Text as Neovim draws it: control characters in caret notation (^S), C1 controls as <9b>.
+ * The tiny model writes arbitrary bytes, so its suggestions do contain them.
+ */
+export function displayed(text) {
+  return [...text]
+    .map((ch) => {
+      const c = ch.codePointAt(0);
+      if (c === 0x7f) return '^?';
+      if (c < 0x20 && ch !== '\t') return `^${String.fromCharCode(c + 64)}`;
+      if (c >= 0x80 && c < 0xa0) return `<${c.toString(16)}>`;
+      return ch;
+    })
+    .join('');
+}

@@ -1,0 +1,189 @@
+// VS Code (code-server) with the packaged draftwise extension, driven through headless Chromium.
+import chromium from '@sparticuz/chromium';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import puppeteer from 'puppeteer-core';
+import {
+  binDir,
+  cacheDir,
+  here,
+  makeTempDir,
+  serverCommand,
+  serverEnv,
+  spawnLogged,
+  stopTree,
+  tail,
+  tool,
+  waitFor,
+} from './lib.mjs';
+
+export const VSIX = path.join(cacheDir, 'draftwise.vsix');
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** User settings: the extension's, plus quiet defaults so nothing else takes the focus. */
+function userSettings({ draftwise, tapLog, serverLog }) {
+  const [command, ...args] = serverCommand(['--log-file', serverLog]);
+  return {
+    'draftwise.server.command': process.execPath,
+    'draftwise.server.args': [path.join(here, 'lsp-tap.mjs'), tapLog, '--', command, ...args],
+    'draftwise.server.env': { PYTHONPATH: serverEnv().PYTHONPATH },
+    ...Object.fromEntries(Object.entries(draftwise).map(([key, value]) => [`draftwise.${key}`, value])),
+    'editor.inlineSuggest.enabled': true,
+    'editor.quickSuggestions': { other: false, comments: false, strings: false },
+    'editor.suggestOnTriggerCharacters': false,
+    'editor.acceptSuggestionOnEnter': 'off',
+    'editor.autoClosingBrackets': 'never',
+    'editor.autoClosingQuotes': 'never',
+    'editor.minimap.enabled': false,
+    'files.autoSave': 'off',
+    'chat.disableAIFeatures': true,
+    'workbench.secondarySideBar.defaultVisibility': 'hidden',
+    'workbench.startupEditor': 'none',
+    'workbench.tips.enabled': false,
+    'workbench.enableExperiments': false,
+    'security.workspace.trust.enabled': false,
+    'telemetry.telemetryLevel': 'off',
+    'extensions.autoUpdate': false,
+    'extensions.autoCheckUpdates': false,
+    'update.mode': 'none',
+    'git.enabled': false,
+  };
+}
+
+export class CodeServer {
+  /**
+   * Installs the .vsix into a fresh profile and starts code-server on a free loopback port.
+   * @param {{workspace: string, draftwise: object, logDir: string, name: string}} options
+   */
+  static async start({ workspace, draftwise, logDir, name }) {
+    if (!fs.existsSync(VSIX)) {
+      throw new Error(`${VSIX} is missing: run editor-clients/setup-editors.sh`);
+    }
+    const cs = new CodeServer();
+    cs.home = makeTempDir(`vscode-${name}`);
+    cs.workspace = workspace;
+    cs.userData = path.join(cs.home, 'user-data');
+    cs.extensions = path.join(cs.home, 'extensions');
+    cs.log = path.join(logDir, `${name}-code-server.log`);
+    cs.serverLog = path.join(logDir, `${name}-server.log`);
+    cs.tapLog = path.join(logDir, `${name}-lsp.jsonl`);
+    for (const file of [cs.log, cs.serverLog, cs.tapLog]) fs.rmSync(file, { force: true });
+    cs.settingsFile = path.join(cs.userData, 'User', 'settings.json');
+    cs.writeSettings(draftwise);
+
+    const env = {
+      ...process.env,
+      PATH: `${binDir}${path.delimiter}${process.env.PATH}`,
+      XDG_CONFIG_HOME: path.join(cs.home, 'config'),
+      XDG_DATA_HOME: path.join(cs.home, 'data'),
+      XDG_CACHE_HOME: path.join(cs.home, 'cache'),
+    };
+    const codeServer = tool('code-server');
+    const profile = ['--user-data-dir', cs.userData, '--extensions-dir', cs.extensions];
+    execFileSync(codeServer, [...profile, '--install-extension', VSIX], { env, stdio: 'pipe', timeout: 120_000 });
+    cs.port = await freePort();
+    fs.writeFileSync(path.join(cs.home, 'config.yaml'), 'auth: none\ncert: false\n');
+    cs.process = spawnLogged(codeServer, [
+      ...profile,
+      '--config', path.join(cs.home, 'config.yaml'),
+      '--bind-addr', `127.0.0.1:${cs.port}`,
+      '--auth', 'none',
+      '--disable-telemetry',
+      '--disable-update-check',
+      '--disable-workspace-trust',
+      '--disable-getting-started-override',
+      '--ignore-last-opened',
+      workspace,
+    ], { env, logFile: cs.log });
+    await waitFor('code-server to answer', async () => {
+      const response = await fetch(`http://127.0.0.1:${cs.port}/healthz`).catch(() => null);
+      return response?.ok;
+    }, { timeoutMs: 60_000, intervalMs: 250 }).catch((error) => {
+      throw new Error(`${error.message}\n${tail(cs.log)}`);
+    });
+
+    cs.browser = await puppeteer.launch({
+      executablePath: await chromium.executablePath(),
+      args: chromium.args,
+      headless: 'shell',
+      defaultViewport: { width: 1400, height: 900 },
+    });
+    cs.page = await cs.browser.newPage();
+    await cs.page.goto(`http://127.0.0.1:${cs.port}/?folder=${encodeURIComponent(workspace)}`, { waitUntil: 'domcontentloaded' });
+    await cs.page.waitForSelector('.monaco-workbench', { timeout: 60_000 });
+    return cs;
+  }
+
+  writeSettings(draftwise) {
+    fs.mkdirSync(path.dirname(this.settingsFile), { recursive: true });
+    const settings = userSettings({ draftwise, tapLog: this.tapLog, serverLog: this.serverLog });
+    fs.writeFileSync(this.settingsFile, `${JSON.stringify(settings, null, 2)}\n`);
+  }
+
+  /** Text and accessible label of the draftwise status bar item, or null when it is not shown. */
+  async statusItem() {
+    return this.page.evaluate(() => {
+      const item = [...document.querySelectorAll('.statusbar-item')].find((el) => el.textContent.includes('Draftwise'));
+      if (!item) return null;
+      const icons = [...item.querySelectorAll('.codicon')].map((icon) =>
+        [...icon.classList].find((c) => c.startsWith('codicon-') && c !== 'codicon-modifier-spin'));
+      return { text: item.textContent.trim(), label: item.getAttribute('aria-label'), icons };
+    });
+  }
+
+  /** Opens a workspace file through Quick Open and waits for its editor. */
+  async openFile(name, firstLine) {
+    const page = this.page;
+    await page.keyboard.down('Control');
+    await page.keyboard.press('KeyP');
+    await page.keyboard.up('Control');
+    await page.waitForSelector('.quick-input-widget:not([style*="display: none"]) input', { timeout: 10_000 });
+    await page.keyboard.type(name, { delay: 20 });
+    await waitFor(`${name} in Quick Open`, () => page.evaluate((n) =>
+      [...document.querySelectorAll('.quick-input-list .monaco-list-row')].some((row) => row.textContent.includes(n)), name),
+    { timeoutMs: 10_000 });
+    await page.keyboard.press('Enter');
+    await waitFor(`${name} in an editor`, () => page.evaluate((text) =>
+      [...document.querySelectorAll('.editor-instance .view-lines')].some((el) => el.textContent.replace(/\u00a0/g, ' ').includes(text)), firstLine),
+    { timeoutMs: 15_000 });
+    await page.click('.editor-instance .view-lines');
+  }
+
+  async press(...keys) {
+    const modifiers = keys.slice(0, -1);
+    for (const key of modifiers) await this.page.keyboard.down(key);
+    await this.page.keyboard.press(keys.at(-1));
+    for (const key of modifiers.reverse()) await this.page.keyboard.up(key);
+  }
+
+  /** The ghost text on screen (inline part and any lines below), spaces normalised. */
+  async ghostText() {
+    return this.page.evaluate(() => {
+      const parts = [...document.querySelectorAll('.ghost-text-decoration, .ghost-text-decoration-preview, .ghost-text')]
+        .map((el) => el.textContent.replace(/\u00a0/g, ' '));
+      return parts.length ? parts.join('\n') : null;
+    });
+  }
+
+  async screenshot(file) {
+    await this.page.screenshot({ path: file });
+  }
+
+  async stop() {
+    await this.browser?.close().catch(() => {});
+    await stopTree(this.process, { graceMs: 5000 });
+  }
+}
+

@@ -1,0 +1,77 @@
+"""FIM templates are picked from the tokenizer's special tokens; budgets hold; the prompt start is stable."""
+from __future__ import annotations
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from decoding.api import ContextFile
+from decoding.prompt import PREFIX_CUT_STEP, PromptBuilder, detect_template
+
+
+def tokenizer_with(specials: list[str]) -> PreTrainedTokenizerFast:
+    vocab = {chr(c): i for i, c in enumerate(range(32, 127))}
+    vocab["\n"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="?")
+    fast.add_special_tokens({"additional_special_tokens": specials})
+    return fast
+
+
+def decode(tok, ids) -> str:
+    return "".join(tok.convert_ids_to_tokens(ids))
+
+
+@pytest.mark.parametrize("specials, family", [
+    (["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>"], "qwen2.5-coder"),
+    (["<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>"], "starcoder"),
+    (["<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"], "deepseek-coder"),
+    (["▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"], "codellama"),
+    ([], "plain"),
+])
+def test_template_follows_special_tokens(specials, family):
+    assert detect_template(tokenizer_with(specials)).family == family
+
+
+def test_layout_prefix_suffix_middle_with_context_first():
+    tok = tokenizer_with(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>"])
+    b = PromptBuilder(tok, budget=400)
+    ids = b.build("abc", "xyz", "m.py", [ContextFile("other.py", "q = 1")]).ids
+    text = decode(tok, ids)
+    assert text.index("<|file_sep|>other.py") < text.index("<|file_sep|>m.py") < text.index("<|fim_prefix|>abc")
+    assert text.endswith("<|fim_prefix|>abc<|fim_suffix|>xyz<|fim_middle|>")
+
+
+def test_plain_template_uses_only_the_prefix():
+    tok = tokenizer_with([])
+    parts = PromptBuilder(tok, budget=100).build("abc", "xyz")
+    assert decode(tok, parts.ids) == "abc"
+
+
+def test_budgets_hold_and_the_prefix_keeps_its_end():
+    tok = tokenizer_with(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>"])
+    b = PromptBuilder(tok, budget=300)
+    prefix = "".join(f"line {i}\n" for i in range(500)) + "cursor"
+    suffix = "".join(f"after {i}\n" for i in range(500))
+    parts = b.build(prefix, suffix, "m.py", [ContextFile("big.py", "x" * 5000), ContextFile("small.py", "y = 2")])
+    assert len(parts.ids) <= 300
+    text = decode(tok, parts.ids)
+    assert "line 499\ncursor<|fim_suffix|>after 0\n" in text
+    assert "big.py" not in text  # did not fit
+    assert parts.suffix_chars_kept < len(suffix) and parts.prefix_chars_dropped > 0
+
+
+def test_prefix_start_is_stable_while_typing():
+    """Typing at the end must not move the start of the prompt (or every keystroke re-prefills all)."""
+    tok = tokenizer_with(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
+    b = PromptBuilder(tok, budget=600)
+    prefix = "".join(f"value_{i} = {i}\n" for i in range(400))
+    starts = set()
+    for typed in range(0, 120, 3):
+        parts = b.build(prefix + "x" * typed, "")
+        starts.add(parts.prefix_chars_dropped)
+    assert len(starts) <= 2  # moves at most once, by PREFIX_CUT_STEP lines
+    if len(starts) == 2:
+        lo, hi = sorted(starts)
+        assert prefix[lo:hi].count("\n") == PREFIX_CUT_STEP

@@ -1,0 +1,97 @@
+"""Settings from initializationOptions / didChangeConfiguration."""
+from __future__ import annotations
+
+import pytest
+
+from decoding.api import EngineConfig
+from lsp_server.config import Settings, apply_settings
+
+
+def test_every_documented_key_is_applied():
+    update = apply_settings(Settings(), {
+        "target": "/models/x", "draft": "qwen2.5-coder-0.5b", "drafter": "lookup", "maxTokens": 32,
+        "device": "cuda:1", "dtype": "bfloat16", "temperature": 0.2, "contextTokens": 2048,
+        "languages": ["python", "rust"], "scope": "line",
+    })
+    assert update.problems == [] and update.ignored == []
+    s = update.settings
+    assert (s.engine.target, s.engine.draft, s.engine.drafter, s.engine.max_tokens) == \
+        ("/models/x", "qwen2.5-coder-0.5b", "lookup", 32)
+    assert (s.engine.device, s.engine.dtype, s.engine.context_tokens) == ("cuda:1", "bfloat16", 2048)
+    assert (s.temperature, s.languages, s.scope) == (0.2, ("python", "rust"), "line")
+    assert s.serves_language("rust") and not s.serves_language("go")
+
+
+def test_settings_under_a_draftwise_section_are_read():
+    update = apply_settings(Settings(), {"draftwise": {"maxTokens": 12}, "editor": {"tabSize": 2}})
+    assert update.settings.engine.max_tokens == 12 and update.ignored == []
+
+
+def test_unknown_keys_are_reported_and_ignored():
+    update = apply_settings(Settings(), {"maxTokens": 10, "colour": "blue"})
+    assert update.ignored == ["colour"] and update.settings.engine.max_tokens == 10
+
+
+def _value_of(settings: Settings, key: str):
+    return {"maxTokens": settings.engine.max_tokens, "temperature": settings.temperature,
+            "drafter": settings.engine.drafter, "dtype": settings.engine.dtype, "device": settings.engine.device,
+            "target": settings.engine.target, "languages": settings.languages,
+            "contextTokens": settings.engine.context_tokens, "scope": settings.scope}[key]
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("maxTokens", "many", "whole number from 1"),
+    ("maxTokens", 0, "whole number from 1"),
+    ("maxTokens", True, "whole number"),
+    ("maxTokens", 2.5, "whole number"),
+    ("maxTokens", float("inf"), "whole number"),
+    ("temperature", -1, "number from 0 to 2"),
+    ("temperature", float("nan"), "number from 0 to 2"),
+    ("drafter", "magic", "one of none, lookup, model, suggestion, auto"),
+    ("dtype", "int4", "one of auto, float32"),
+    ("device", "tpu", "auto, cpu, mps, cuda or cuda:N"),
+    ("target", "", "non-empty string"),
+    ("languages", "python", "list of language ids"),
+    ("contextTokens", 10, "whole number from 64"),
+    ("scope", "paragraph", "one of auto, line, block, full"),
+])
+def test_bad_values_keep_the_previous_value_with_a_clear_message(key, value, words):
+    before = Settings(engine=EngineConfig(max_tokens=48))
+    raw = {key: value}
+    if key != "drafter":
+        raw["drafter"] = "lookup"
+    update = apply_settings(before, raw)
+    assert len(update.problems) == 1
+    message = update.problems[0]
+    assert f"'{key}'" in message and words in message and repr(value) in message
+    assert "keeping the previous value" in message
+    assert _value_of(update.settings, key) == _value_of(before, key)
+    if key != "drafter":
+        assert update.settings.engine.drafter == "lookup"  # good keys next to a bad one still apply
+
+
+def test_a_whole_number_written_as_a_float_is_accepted():
+    assert apply_settings(Settings(), {"maxTokens": 64.0}).settings.engine.max_tokens == 64
+
+
+def test_draft_none_and_languages_wildcard():
+    s = apply_settings(Settings(), {"draft": "none", "languages": ["*"]}).settings
+    assert s.engine.draft is None and s.languages is None
+    assert apply_settings(Settings(), {"draft": None}).settings.engine.draft is None
+
+
+def test_settings_that_are_not_an_object_are_a_problem_not_a_crash():
+    update = apply_settings(Settings(), ["maxTokens", 3])
+    assert update.problems == ["draftwise settings must be an object, got list"]
+    assert update.settings == Settings()
+    assert apply_settings(Settings(), None).settings == Settings()
+
+
+def test_only_model_and_budget_changes_need_a_reload():
+    base = Settings()
+    for key, value in [("target", "/other"), ("draft", "qwen2.5-coder-0.5b"), ("device", "cpu"),
+                       ("dtype", "float32"), ("contextTokens", 512)]:
+        assert base.needs_reload(apply_settings(base, {key: value}).settings), key
+    for key, value in [("maxTokens", 8), ("drafter", "none"), ("temperature", 0.5), ("languages", ["go"]),
+                       ("scope", "line")]:
+        assert not base.needs_reload(apply_settings(base, {key: value}).settings), key

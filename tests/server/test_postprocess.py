@@ -1,0 +1,107 @@
+"""Shaping the engine's text into the edit an editor shows."""
+from __future__ import annotations
+
+import pytest
+
+from lsp_server.postprocess import (
+    Edit, IndentStyle, closers_of_earlier_text, convert_indent, detect_indent, open_quote, shape,
+)
+
+SPACES4 = IndentStyle(use_tabs=False, width=4)
+TABS = IndentStyle(use_tabs=True, width=4)
+
+
+def applied(line_before: str, line_after: str, edit: Edit) -> str:
+    """The line as the editor shows it after accepting the edit."""
+    return line_before + edit.text + line_after[edit.replace:]
+
+
+def test_mid_line_keeps_only_the_first_line():
+    edit = shape("items, key=len)\n    more()\n", "sorted(", " if ok else []", SPACES4)
+    assert edit == Edit("items, key=len)", 0)
+
+
+def test_end_of_a_block_opener_keeps_the_block_and_drops_trailing_blank_lines():
+    edit = shape("\n    return a + b\n\n", "def add(a, b):", "", SPACES4)
+    assert edit == Edit("\n    return a + b", 0)
+
+
+@pytest.mark.parametrize("line_before,line_after,text,expected_line", [
+    # The suggestion closes the auto-inserted bracket itself: the range covers it.
+    ("print(", ")", '"hi")', 'print("hi")'),
+    ('print("', '")', 'hi")', 'print("hi")'),
+    ("xs = [", "];", "1, 2]", "xs = [1, 2];"),
+    ("f(", ")", "a), g(b)", "f(a), g(b)"),
+    # Brackets the suggestion opens and closes itself leave the auto-inserted one alone.
+    ("print(", ")", "len(x)", "print(len(x))"),
+    ('x = f("', '")', "it's", 'x = f("it\'s")'),
+    # Nothing closes the auto-inserted bracket: it stays where it is.
+    ("print(", ")", "value", "print(value)"),
+])
+def test_auto_closed_brackets_and_quotes_are_not_duplicated(line_before, line_after, text, expected_line):
+    edit = shape(text, line_before, line_after, SPACES4)
+    assert applied(line_before, line_after, edit) == expected_line
+
+
+def test_a_multi_line_suggestion_that_closes_the_auto_closed_bracket_covers_it():
+    edit = shape("\n    a,\n    b,\n)", "call(", ")", SPACES4)
+    assert edit == Edit("\n    a,\n    b,\n)", 1)
+    assert applied("call(", ")", edit) == "call(\n    a,\n    b,\n)"
+
+
+def test_suggestion_repeating_the_rest_of_the_line_is_trimmed():
+    assert shape("total + 1", "return ", "total + 1", SPACES4) is None
+    edit = shape("bar + foo", "x = ", "foo", SPACES4)
+    assert applied("x = ", "foo", edit) == "x = bar + foo"
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\n", "\t \n "])
+def test_empty_or_whitespace_only_suggestions_are_not_sent(text):
+    assert shape(text, "x = ", "", SPACES4) is None
+
+
+def test_a_suggestion_that_only_retypes_the_auto_closed_text_is_not_sent():
+    assert shape(")", "print(x", ")", SPACES4) is None
+
+
+def test_spaces_become_tabs_in_a_tab_indented_document():
+    edit = shape("\n    if x:\n        y()\n      z", "def f():", "", TABS)
+    assert edit.text == "\n\tif x:\n\t\ty()\n\t  z"
+
+
+def test_tabs_become_spaces_in_a_space_indented_document():
+    edit = shape("\n\treturn {\n\t\tok: true,\n\t}", "function f() {", "", IndentStyle(False, 2))
+    assert edit.text == "\n  return {\n    ok: true,\n  }"
+
+
+def test_first_line_indentation_is_converted_only_at_a_blank_cursor_line():
+    assert convert_indent("\tx\n\ty", SPACES4, first_line_too=False) == "\tx\n    y"
+    assert convert_indent("\tx\n\ty", SPACES4, first_line_too=True) == "    x\n    y"
+    edit = shape("\treturn 1", "", "", SPACES4)  # cursor at column 0 of an empty line
+    assert edit.text == "    return 1"
+
+
+def test_detect_indent():
+    assert detect_indent("def f():\n\tif x:\n\t\treturn 1\n") == IndentStyle(True, 4)
+    assert detect_indent("function f() {\n  if (x) {\n    return 1;\n  }\n}\n") == IndentStyle(False, 2)
+    assert detect_indent("class A:\n    def f(self):\n        pass\n") == IndentStyle(False, 4)
+    assert detect_indent("x = 1\n") == IndentStyle(False, 4)
+
+
+def test_open_quote():
+    assert open_quote('x = "abc') == '"'
+    assert open_quote('x = "a\\"b') == '"'
+    assert open_quote("x = 'a' + \"") == '"'
+    assert open_quote('x = "done"') is None
+    assert open_quote("it = `tmpl ${'q'}") == "`"
+
+
+def test_closers_of_earlier_text():
+    assert closers_of_earlier_text('hi")', '"') == ['"', ")"]
+    assert closers_of_earlier_text("a[0]) + (b)", None) == [")"]
+    assert closers_of_earlier_text('"(" )', None) == [")"]  # brackets inside strings do not count
+
+
+def test_repeated_punctuation_after_a_covered_bracket_is_trimmed():
+    edit = shape("x);", "foo(", ");", SPACES4)
+    assert applied("foo(", ");", edit) == "foo(x);"

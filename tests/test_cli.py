@@ -1,0 +1,85 @@
+"""`draftwise complete` end to end, and its errors: one clear line on stderr, non-zero exit, no traceback."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def draftwise(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "lsp_server.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def assert_clean_error(out, fragment: str):
+    assert out.returncode != 0
+    assert fragment in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_missing_file():
+    assert_clean_error(draftwise("complete", "no/such/file.py", "--line", "0", "--character", "0"), "file not found")
+
+
+def test_position_outside_the_file(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_text("x = 1\n")
+    assert_clean_error(draftwise("complete", str(f), "--line", "9", "--character", "0"), "line 9 is outside")
+    assert_clean_error(draftwise("complete", str(f), "--line", "0", "--character", "40"), "character 40 is outside")
+
+
+def test_unknown_preset(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_text("x = 1\n")
+    out = draftwise("complete", str(f), "--line", "0", "--character", "0", "--target", "qwen-nonexistent")
+    assert_clean_error(out, "unknown model 'qwen-nonexistent'")
+
+
+def test_missing_model(tmp_path):
+    f = tmp_path / "a.py"
+    f.write_text("x = 1\n")
+    env = dict(os.environ, DRAFTWISE_HOME=str(tmp_path / "empty-home"))
+    out = draftwise("complete", str(f), "--line", "0", "--character", "0", env=env)
+    assert_clean_error(out, "draftwise models pull qwen2.5-coder-0.5b")
+
+
+def test_debug_shows_the_traceback():
+    out = draftwise("--debug", "complete", "no/such/file.py", "--line", "0", "--character", "0")
+    assert out.returncode != 0 and "Traceback" in out.stderr
+
+
+def stdlib_case(tmp_path: Path) -> tuple[Path, int, int]:
+    """textwrap.py from the standard library with one statement of a method body removed."""
+    lines = (STDLIB / "textwrap.py").read_text().split("\n")
+    line = next(i for i, l in enumerate(lines) if l.strip() == "text = text.expandtabs(self.tabsize)")
+    indent = len(lines[line]) - len(lines[line].lstrip())
+    lines[line] = " " * indent
+    path = tmp_path / "textwrap.py"
+    path.write_text("\n".join(lines))
+    return path, line, indent
+
+
+@pytest.mark.real_model
+def test_complete_on_a_stdlib_file_with_the_real_model(real_model, tmp_path):
+    path, line, col = stdlib_case(tmp_path)
+    args = ["complete", str(path), "--line", str(line), "--character", str(col), "--max-tokens", "24",
+            "--context-tokens", "768", "--json"]
+    plain = draftwise(*args, "--drafter", "none")
+    lookup = draftwise(*args, "--drafter", "lookup")
+    assert plain.returncode == 0, plain.stderr
+    p, l = json.loads(plain.stdout), json.loads(lookup.stdout)  # stdout is exactly one JSON document
+    assert "text" in p["text"] and "tab" in p["text"], p["text"]  # the missing line is about expanding tabs
+    assert l["text"] == p["text"]
+    assert p["stats"]["target_forwards"] == p["stats"]["generated_tokens"]
+    assert l["stats"]["target_forwards"] < l["stats"]["generated_tokens"]
+    for key in ("prompt_tokens", "reused_prompt_tokens", "drafted_tokens", "accepted_tokens", "prefill_ms",
+                "decode_ms", "drafter", "stopped", "accepted_by"):
+        assert key in l["stats"]
