@@ -51,8 +51,13 @@ class Sampler:
                 n += 1
             return tokens[:n] + [preds[n]]
         p = self.probs(logits)
+        q_all = draft.probs if draft is not None else None
+        if q_all is not None and q_all.shape[-1] != p.shape[-1]:
+            # Same tokenizer, differently padded embedding tables (e.g. Qwen 0.5B vs 7B): align them.
+            v = p.shape[-1]
+            q_all = q_all[:, :v] if q_all.shape[-1] > v else torch.nn.functional.pad(q_all, (0, v - q_all.shape[-1]))
         for i, x in enumerate(tokens):
-            q = draft.probs[i] if draft.probs is not None else None
+            q = q_all[i] if q_all is not None else None
             q_x = float(q[x]) if q is not None else 1.0
             if self._uniform() * q_x < float(p[i, x]):  # accept with probability min(1, p/q)
                 continue

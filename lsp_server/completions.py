@@ -268,7 +268,8 @@ def completion_label(text: str, limit: int = 60) -> str:
     return first[:limit] + more
 
 
-def completion_result(s: Suggestion | _Superseded | None, language_id: str = "") -> types.CompletionList | None:
+def completion_result(s: Suggestion | _Superseded | None, language_id: str = "",
+                      markdown: bool = False) -> types.CompletionList | None:
     if s is SUPERSEDED:
         return None
     # Incomplete: the suggestion depends on the exact prefix, so the client must ask again as the
@@ -280,7 +281,8 @@ def completion_result(s: Suggestion | _Superseded | None, language_id: str = "")
         kind=types.CompletionItemKind.Text,
         detail="draftwise",
         documentation=types.MarkupContent(kind=types.MarkupKind.Markdown,
-                                          value=f"```{language_id}\n{s.text}\n```"),
+                                          value=f"```{language_id}\n{s.text}\n```")
+        if markdown else s.text,
         text_edit=types.TextEdit(range=s.range, new_text=s.text),
         insert_text_format=types.InsertTextFormat.PlainText,
         filter_text=s.text,

@@ -16,7 +16,7 @@ import cattrs
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
+from pygls.protocol import LanguageServerProtocol, lsp_method
 from pygls.uris import to_fs_path
 
 from decoding.api import EngineConfig
@@ -40,6 +40,15 @@ SERVER_VERSION = "0.1.0"
 # the request stale rather than have its position read against newer text.
 arrival_version: contextvars.ContextVar[int | None] = contextvars.ContextVar("arrival_version", default=None)
 _COMPLETION_METHODS = (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION)
+
+
+def plain_json(value: Any) -> Any:
+    """Params of custom requests as plain JSON values (pygls hands them over as namedtuples)."""
+    if hasattr(value, "_asdict"):
+        return {k: plain_json(v) for k, v in value._asdict().items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
+    return value
 
 
 class _Unreadable:
@@ -67,6 +76,21 @@ class DraftwiseProtocol(LanguageServerProtocol):
             return
         super().handle_message(message)
 
+    # Document sync: our DocumentStore holds the text. pygls' own copy is skipped: it splits lines
+    # differently (see documents.py) and, clamping positions, edits the client's Position objects in
+    # place before our handler reads them.
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
+        yield self.fm.features[types.TEXT_DOCUMENT_DID_OPEN], (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
+        yield self.fm.features[types.TEXT_DOCUMENT_DID_CHANGE], (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
+        yield self.fm.features[types.TEXT_DOCUMENT_DID_CLOSE], (params,), None
+
     def _handle_request(self, msg_id, method_name, params):
         if method_name in _COMPLETION_METHODS:
             doc = self._server.documents.get(params.text_document.uri)
@@ -84,6 +108,7 @@ class DraftwiseServer(LanguageServer):
         self.completions = Completions(self.documents, self.engine_host, lambda: self.settings,
                                        self.workspace_folders)
         self.client_has_inline_completion = False
+        self.client_reads_markdown_docs = False
         self._pending_problems: list[str] = []
         self._tasks: set[asyncio.Task] = set()
 
@@ -163,6 +188,9 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
         ls.documents.encoding = getattr(encoding, "value", encoding)
         text_caps = params.capabilities.text_document
         ls.client_has_inline_completion = bool(text_caps and text_caps.inline_completion)
+        item_caps = text_caps and text_caps.completion and text_caps.completion.completion_item
+        ls.client_reads_markdown_docs = bool(
+            item_caps and types.MarkupKind.Markdown in (item_caps.documentation_format or ()))
         ls.settings = ls.update_settings(params.initialization_options, "initializationOptions")
 
     @server.feature(types.INITIALIZED)
@@ -209,7 +237,7 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
         suggestion = await ls.completions.suggest(params.text_document.uri, params.position,
                                                   arrival_version=arrival_version.get())
         doc = ls.documents.get(params.text_document.uri)
-        return completion_result(suggestion, doc.language_id if doc else "")
+        return completion_result(suggestion, doc.language_id if doc else "", ls.client_reads_markdown_docs)
 
     @server.command(ACCEPTED_COMMAND)
     def accepted(ls: DraftwiseServer, *arguments: Any) -> None:
@@ -226,7 +254,7 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
     @server.feature(DOCUMENT_TEXT_REQUEST)
     def document_text(ls: DraftwiseServer, params: Any) -> dict[str, Any]:
         # The server's copy of a document, for client authors checking their sync and encodings.
-        return ls.document_info(params)
+        return ls.document_info(plain_json(params))
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: DraftwiseServer, params: None) -> None:

@@ -81,6 +81,7 @@ export class CodeServer {
     cs.tapLog = path.join(logDir, `${name}-lsp.jsonl`);
     for (const file of [cs.log, cs.serverLog, cs.tapLog]) fs.rmSync(file, { force: true });
     cs.settingsFile = path.join(cs.userData, 'User', 'settings.json');
+    cs.machineSettingsFile = path.join(cs.userData, 'Machine', 'settings.json');
     cs.writeSettings(draftwise);
 
     const env = {
@@ -127,9 +128,14 @@ export class CodeServer {
   }
 
   writeSettings(draftwise) {
-    fs.mkdirSync(path.dirname(this.settingsFile), { recursive: true });
     const settings = userSettings({ draftwise, tapLog: this.tapLog, serverLog: this.serverLog });
-    fs.writeFileSync(this.settingsFile, `${JSON.stringify(settings, null, 2)}\n`);
+    // code-server is a remote window: machine-scoped settings (the server command) are read from
+    // the machine's settings, the rest from the user's.
+    const machine = Object.fromEntries(Object.entries(settings).filter(([key]) => key.startsWith('draftwise.server.')));
+    for (const [file, content] of [[this.settingsFile, settings], [this.machineSettingsFile, machine]]) {
+      fs.mkdirSync(path.dirname(file), { recursive: true });
+      fs.writeFileSync(file, `${JSON.stringify(content, null, 2)}\n`);
+    }
   }
 
   /** Text and accessible label of the draftwise status bar item, or null when it is not shown. */
