@@ -31,8 +31,8 @@ test: models
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not real_model"
 
-test-editors: setup
-	@echo "editor tests: see editor-clients/README.md" && exit 1
+test-editors: models
+	bash tests/editors/run.sh
 
 test-reliability: setup
 	@echo "reliability tests: not yet" && exit 1

@@ -166,12 +166,12 @@ class Engine:
                 self.draft_note = f"not loaded: needs ~{need >> 20} MiB, {free >> 20} MiB free"
                 log.warning("draft model %s %s", spec.value, self.draft_note)
                 return
-            draft = load_model(cfg.draft, cfg.device, cfg.dtype, cfg.trust_remote_code)
+            draft = load_model(cfg.draft, cfg.device, cfg.dtype, cfg.trust_remote_code, role="draft")
             if draft.tokenizer.get_vocab() != self.tokenizer.get_vocab():
                 self.draft_note = "not used: its tokenizer differs from the target's"
                 log.warning("draft model %s %s", cfg.draft, self.draft_note)
                 return
-            runner = ModelRunner(draft, budget // 2)
+            runner = ModelRunner(draft, budget // 2, role="draft")
             self.cost.draft_step_s = measure_forward_times(runner, sizes=(1, 2), repeats=3).by_tokens[1]
             pays = self.cost.model_pays()
             if not pays and cfg.drafter == "auto":
@@ -280,12 +280,14 @@ class Engine:
         drafters = dict(self.drafters)
         policy = DraftPolicy(mode, drafters, self.cost, stats)
         if scope == "full":  # the model's raw output up to end-of-text or max tokens (benchmarks compare it)
-            text_rule, final_rule = (lambda text: None), len
+            text_rule = final_rule = lambda text: None
         else:
             text_rule, final_rule = rules.check, rules.finish
         finish = Finish(self.end_ids, max_tokens, self._decode, text_rule, final_rule,
                         time.monotonic() + req.time_limit_s if req.time_limit_s else None)
         seq = list(prompt)
+        generated: list[int] = []
+        failed = True
         try:
             stats.reused_prompt_tokens = runner.start(prompt, req.document)
             runner.sync(seq, cancel)
@@ -295,13 +297,19 @@ class Engine:
                 if "model" in policy.drafters:  # the draft model catches up on the prompt now, once
                     policy.drafters["model"].runner.sync(seq, cancel)
                 generated = speculative_decode(runner, seq, policy, sampler, finish, cancel, stats, started)
+                failed = False
             finally:
-                policy.end()
-        except Cancelled:
+                policy.end(failed)
+        except Cancelled:  # raised between prefill chunks: the cache is consistent
             stats.stopped = "cancelled"
-            generated = []
+            failed = False
+        except (MemoryError, RuntimeError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+            self._drop_caches()
+            oom = isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+            what = "out of memory" if oom else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DraftwiseError(f"generation failed: {what}; caches were dropped") from exc
         finally:
-            runner.finish()
+            runner.discard() if failed else runner.finish()
             runner.on_forward = None
         stats.decode_ms = (time.perf_counter() - started) * 1000 - stats.prefill_ms
         # A cancelled request keeps what it had; otherwise Finish says where the completion ends
@@ -314,6 +322,19 @@ class Engine:
         if stats.stopped != "cancelled":
             self.memory.remember(req.document, req.prefix, req.suffix, text)
         return self._record(CompletionResult(text, stats))
+
+    def _drop_caches(self) -> None:
+        """After a failure (e.g. out of memory) free what the caches hold; the next request starts cold."""
+        self.target_runner.store.clear()
+        if "model" in self.drafters:
+            self.drafters["model"].runner.store.clear()
+        try:
+            import torch
+
+            if self.target.device.type == "cuda":
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
 
     @staticmethod
     def _count_after_cancel(stats: RequestStats) -> None:

@@ -27,9 +27,9 @@ class DraftPolicy:
         for d in self.drafters.values():
             d.begin(ctx)
 
-    def end(self) -> None:
+    def end(self, failed: bool = False) -> None:
         for d in self.drafters.values():
-            d.end()
+            d.end(failed)
 
     def propose(self, seq: list[int], room: int) -> Draft | None:
         """room: how many more tokens the request may emit (the target's own token is one of them)."""

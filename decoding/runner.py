@@ -11,6 +11,7 @@ import time
 import torch
 from transformers import DynamicCache
 
+from decoding import faults
 from decoding.api import CancelToken
 from decoding.kv_cache import KVStore, common_prefix_len
 from decoding.models.loading import LoadedModel
@@ -32,7 +33,8 @@ class Cancelled(Exception):
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, cache_budget_bytes: int):
+    def __init__(self, loaded: LoadedModel, cache_budget_bytes: int, role: str = "target"):
+        self.role = role
         self.loaded = loaded
         self.model = loaded.model
         self.device = loaded.device
@@ -59,8 +61,13 @@ class ModelRunner:
         return len(self.tokens)
 
     def finish(self) -> None:
+        """Hand the cache back to the store for later requests."""
         if self.cache is not None:
             self.store.put(self.cache, self.tokens, self.document)
+        self.cache, self.tokens = None, []
+
+    def discard(self) -> None:
+        """Drop the cache: after an error mid-forward its layers may not match self.tokens."""
         self.cache, self.tokens = None, []
 
     def crop_to(self, n: int) -> None:
@@ -72,6 +79,8 @@ class ModelRunner:
     def forward(self, ids: list[int], logits_to_keep: int | None = None) -> torch.Tensor:
         """Append ids to the cache; return float logits [n, V] for the last n positions."""
         keep = len(ids) if logits_to_keep is None else logits_to_keep
+        if self.role == "target" and faults.trip("generate_oom"):
+            raise MemoryError("injected fault: out of memory in a target forward")
         inp = torch.tensor([ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=inp, use_cache=True, logits_to_keep=keep, **{self._cache_kw: self.cache})
         self.tokens.extend(ids)

@@ -19,7 +19,7 @@ class Finish:
     max_tokens: int
     decode: Callable[[list[int]], str]
     text_rule: Callable[[str], int | None]  # StopRules.check: chars to keep, or None to go on
-    final_rule: Callable[[str], int]  # StopRules.finish: chars to keep when generation ends otherwise
+    final_rule: Callable[[str], int | None]  # StopRules.finish: chars to keep when generation ends otherwise
     deadline: float | None = None  # time.monotonic() value
     keep_tokens: int = 0
     keep_chars: int | None = None
@@ -42,7 +42,7 @@ class Finish:
             return self._stop("time_limit", n, self.final_rule(text))
         return ""
 
-    def _stop(self, reason: str, keep_tokens: int, keep_chars: int) -> str:
+    def _stop(self, reason: str, keep_tokens: int, keep_chars: int | None) -> str:
         self.keep_tokens, self.keep_chars = keep_tokens, keep_chars
         return reason
 

@@ -18,16 +18,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 
 from decoding.api import CompletionRequest
+from decoding.errors import EngineNotReady
 from lsp_server.config import Settings
 from lsp_server.documents import LINE_BREAK, DocumentStore, OpenDocument, display_path, select_context
-from decoding.errors import EngineNotReady
 from lsp_server.engine_host import EngineHost, job_result
 from lsp_server.postprocess import Edit, IndentStyle, detect_indent, shape
 from lsp_server.typeahead import TypeAheadMemory

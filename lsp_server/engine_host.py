@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -182,6 +183,21 @@ class EngineHost:
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, engine.close)
 
-    async def close(self) -> None:
-        # Not behind the load lock: shutting down must not wait for a model load to finish.
-        await self._close_engine()
+    async def close(self, wait_s: float = 2.0) -> None:
+        """Stop the engine for shutdown, waiting at most wait_s: not behind the load lock, and not
+        until a model load in progress finishes (the engine's thread is a daemon; exit ends it)."""
+        self.cancel_all()
+        engine, self._engine = self._engine, None
+        self.state = IDLE
+        if engine is None:
+            return
+        closed = threading.Event()
+
+        def close_engine() -> None:
+            try:
+                engine.close()
+            finally:
+                closed.set()
+
+        threading.Thread(target=close_engine, name="draftwise-engine-close", daemon=True).start()
+        await asyncio.get_running_loop().run_in_executor(None, closed.wait, wait_s)

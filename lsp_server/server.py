@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import importlib.metadata
 import ipaddress
 import logging
 import os
@@ -24,7 +25,7 @@ from decoding.errors import DraftwiseError
 from lsp_server.completions import (
     ACCEPTED_COMMAND, PARTIALLY_ACCEPTED_COMMAND, Completions, completion_result, inline_result,
 )
-from lsp_server.config import KNOWN_KEYS, Settings, apply_settings
+from lsp_server.config import KNOWN_KEYS, SECTION as SETTINGS_SECTION, Settings, apply_settings
 from lsp_server.documents import DocumentStore
 from lsp_server.engine_host import EngineHost
 from lsp_server.progress import LoadProgress
@@ -33,7 +34,13 @@ log = logging.getLogger(__name__)
 
 STATS_REQUEST = "draftwise/stats"
 DOCUMENT_TEXT_REQUEST = "draftwise/documentText"
-SERVER_VERSION = "0.1.0"
+
+def _server_version() -> str:
+    try:
+        return importlib.metadata.version("draftwise")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "dev"
+
 
 # Document version when a completion request arrived. Requests run as tasks that start a loop turn
 # later; a didChange read in between (possible when several messages arrive in one read) must make
@@ -100,7 +107,7 @@ class DraftwiseProtocol(LanguageServerProtocol):
 
 class DraftwiseServer(LanguageServer):
     def __init__(self, config: EngineConfig) -> None:
-        super().__init__("draftwise", SERVER_VERSION, protocol_cls=DraftwiseProtocol,
+        super().__init__("draftwise", _server_version(), protocol_cls=DraftwiseProtocol,
                          text_document_sync_kind=types.TextDocumentSyncKind.Incremental)
         self.settings = Settings(engine=config)
         self.documents = DocumentStore()
@@ -141,6 +148,24 @@ class DraftwiseServer(LanguageServer):
             self.window_show_message(types.ShowMessageParams(
                 type=types.MessageType.Error, message=" ".join(self._pending_problems)))
             self._pending_problems.clear()
+
+    def apply_configuration(self, raw: Any, where: str) -> None:
+        self.settings = self.update_settings(raw, where)
+        self.show_pending_problems()
+        self.spawn(self.configure_engine(self.settings))  # reloads only when the models change
+
+    def client_serves_configuration(self) -> bool:
+        caps = self.client_capabilities
+        return bool(caps and caps.workspace and caps.workspace.configuration)
+
+    async def pull_configuration(self) -> None:
+        try:
+            [section] = await self.workspace_configuration_async(types.ConfigurationParams(
+                items=[types.ConfigurationItem(section=SETTINGS_SECTION)]))
+        except Exception as err:  # the client could not answer; keep the settings we have
+            log.warning("workspace/configuration failed: %s", err)
+            return
+        self.apply_configuration(plain_json(section), "workspace/configuration")
 
     def spawn(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -200,9 +225,10 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(ls: DraftwiseServer, params: types.DidChangeConfigurationParams) -> None:
-        ls.settings = ls.update_settings(params.settings, "workspace/didChangeConfiguration")
-        ls.show_pending_problems()
-        ls.spawn(ls.configure_engine(ls.settings))  # reloads only when the models change
+        if params.settings is None and ls.client_serves_configuration():
+            ls.spawn(ls.pull_configuration())  # the pull model: "something changed, ask me"
+        else:
+            ls.apply_configuration(params.settings, "workspace/didChangeConfiguration")
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DraftwiseServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -258,7 +284,7 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: DraftwiseServer, params: None) -> None:
-        await ls.engine_host.close()
+        await ls.engine_host.close(wait_s=2.0)
 
     return server
 

@@ -58,8 +58,10 @@ class LlamaCppRunner:
 
             draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens)
         threads = threads or os.cpu_count() or 1
+        # With a draft model llama-cpp-python verifies from every position's logits; it switches
+        # logits_all on itself but sizes its score buffer from the argument, so pass it.
         self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         draft_model=draft, verbose=False)
+                         draft_model=draft, logits_all=draft is not None, verbose=False)
         self._positions: list[int] = []
         original_eval = self.llm.eval
 

@@ -43,5 +43,5 @@ class Drafter:
         """Up to k tokens that should follow seq (prompt + generated so far)."""
         raise NotImplementedError
 
-    def end(self) -> None:
-        """The request finished (or was cancelled); release per-request state."""
+    def end(self, failed: bool = False) -> None:
+        """The request finished, was cancelled, or failed (then caches may be inconsistent)."""

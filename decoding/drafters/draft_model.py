@@ -63,7 +63,7 @@ class ModelDrafter(Drafter):
         stacked = torch.stack(probs) if probs else None
         return Draft(tokens, self.name, probs=stacked, key="model", cost_s=time.perf_counter() - t0)
 
-    def end(self) -> None:
+    def end(self, failed: bool = False) -> None:
         if self.active:
-            self.runner.finish()
+            self.runner.discard() if failed else self.runner.finish()
             self.active = False

@@ -75,5 +75,5 @@ class SuggestionDrafter(Drafter):
         rest = self._remaining(seq)[:k] if self._draft else []
         return Draft(rest, self.name, key="suggestion") if rest else None
 
-    def end(self) -> None:
+    def end(self, failed: bool = False) -> None:
         self._draft = []

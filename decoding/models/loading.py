@@ -103,9 +103,17 @@ def model_source(spec: ModelSpec) -> tuple[str, dict]:
     return spec.value, {}
 
 
-def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False) -> LoadedModel:
+def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
+               role: str = "target") -> LoadedModel:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from decoding import faults
+
+    if role == "target" and faults.trip("target_load_oom"):
+        raise ModelLoadError(f"out of memory while loading '{spec_text}' (injected fault)")
+    if role == "draft" and faults.trip("draft_load_error"):
+        raise ModelLoadError(f"could not load '{spec_text}': injected fault")
 
     spec = parse_model_spec(spec_text)
     dev, torch_dtype = resolve_device(device, dtype)

@@ -151,3 +151,19 @@ def test_small_benchmark_run_end_to_end(tiny_model_dir, tiny_draft_dir, tmp_path
     assert data["cancel"]["tries"] and all(t["forwards_after_cancel"] <= 1 for t in data["cancel"]["tries"])
     json.dumps(data)  # everything is serialisable
     assert "| auto |" in markdown(data)
+
+
+def test_gguf_lookup_for_targets(tiny_model_dir):
+    from decoding.bench.llamacpp_baselines import gguf_for
+
+    assert gguf_for(str(tiny_model_dir)) is None  # a directory without a .gguf file
+
+
+def test_llamacpp_probe_reports_a_bad_model_file_instead_of_crashing(tmp_path):
+    pytest.importorskip("llama_cpp")
+    from decoding.bench.harness import llamacpp_probe
+
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    why = llamacpp_probe(str(bad))
+    assert why is not None and why.startswith("llama.cpp")

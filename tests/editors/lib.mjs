@@ -178,7 +178,8 @@ export function readTap(file) {
   for (const line of fs.readFileSync(file, 'utf8').split('\n')) {
     if (line.trim() === '') continue;
     try {
-      entries.push(JSON.parse(line));
+      const entry = JSON.parse(line);
+      if (entry.message) entries.push(entry); // the tap's own notes have none
     } catch {
       // the line being written right now
     }

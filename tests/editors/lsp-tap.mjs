@@ -39,6 +39,11 @@ function tap(direction) {
 }
 
 const server = spawn(command, args, { stdio: ['pipe', 'pipe', 'inherit'] });
+log.write(`${JSON.stringify({ direction: 'tap', time: Date.now(), started: [command, ...args], cwd: process.cwd() })}\n`);
+server.on('error', (error) => {
+  log.write(`${JSON.stringify({ direction: 'tap', time: Date.now(), error: String(error) })}\n`);
+  log.end(() => process.exit(127));
+});
 const toServer = tap('to-server');
 const toEditor = tap('to-editor');
 process.stdin.on('data', (chunk) => {
@@ -51,6 +56,7 @@ server.stdout.on('data', (chunk) => {
   process.stdout.write(chunk);
 });
 server.on('exit', (code, signal) => {
+  log.write(`${JSON.stringify({ direction: 'tap', time: Date.now(), exit: code, signal })}\n`);
   log.end(() => process.exit(code ?? (signal ? 1 : 0)));
 });
 for (const signal of ['SIGTERM', 'SIGINT']) {

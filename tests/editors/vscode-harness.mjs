@@ -10,6 +10,7 @@ import {
   cacheDir,
   here,
   makeTempDir,
+  repoRoot,
   serverCommand,
   serverEnv,
   spawnLogged,
@@ -141,7 +142,8 @@ export class CodeServer {
   /** Text and accessible label of the draftwise status bar item, or null when it is not shown. */
   async statusItem() {
     return this.page.evaluate(() => {
-      const item = [...document.querySelectorAll('.statusbar-item')].find((el) => el.textContent.includes('Draftwise'));
+      // The extension's own item (code-server's window progress is labelled "Draftwise" too).
+      const item = document.querySelector('.statusbar-item[id$="draftwise.status"]');
       if (!item) return null;
       const icons = [...item.querySelectorAll('.codicon')].map((icon) =>
         [...icon.classList].find((c) => c.startsWith('codicon-') && c !== 'codicon-modifier-spin'));
@@ -167,6 +169,46 @@ export class CodeServer {
     await page.click('.editor-instance .view-lines');
   }
 
+  /** Changes a user setting the way a person does: the Settings editor, search, type, Tab. */
+  async setSettingInUI(key, value) {
+    const page = this.page;
+    await this.press('Control', 'Comma');
+    await page.waitForSelector('.settings-editor', { visible: true, timeout: 15_000 });
+    await page.click('.settings-editor .settings-header .suggest-input-container');
+    await this.press('Control', 'KeyA');
+    await page.keyboard.type(key, { delay: 10 });
+    // VS Code titles a setting from its key: draftwise.maxTokens -> "Max Tokens".
+    const name = key.split('.').at(-1);
+    const label = name[0].toUpperCase() + name.slice(1).replace(/([A-Z])/g, ' $1');
+    const input = '.settings-editor .setting-item input.setting-control-focus-target';
+    await waitFor(`the ${key} setting alone in the results`, () => page.evaluate((selector, wanted) => {
+      const items = document.querySelectorAll('.settings-editor .setting-item');
+      return items.length === 1 && items[0].querySelector('.setting-item-label')?.textContent === wanted
+        && document.querySelectorAll(selector).length === 1;
+    }, input, label), { timeoutMs: 10_000 });
+    await page.click(input, { clickCount: 3 });
+    await this.press('Control', 'KeyA');
+    await page.keyboard.type(String(value), { delay: 10 });
+    await page.keyboard.press('Tab');
+    // The editor writes the change a moment later; closing it first would drop it.
+    // A value equal to the default is saved by removing the key.
+    const defaults = JSON.parse(fs.readFileSync(path.join(repoRoot, 'editor-clients', 'vscode', 'package.json'), 'utf8'))
+      .contributes.configuration.properties;
+    await waitFor(`${key} saved in the user settings`, () => {
+      try {
+        const saved = JSON.parse(fs.readFileSync(this.settingsFile, 'utf8'))[key] ?? defaults[key]?.default;
+        return String(saved) === String(value);
+      } catch {
+        return false; // being written
+      }
+    }, { timeoutMs: 10_000 });
+    await this.press('Control', 'KeyW');
+    await waitFor('the Settings editor to close', () => page.evaluate(() => {
+      const editor = document.querySelector('.settings-editor');
+      return !editor || editor.offsetParent === null;
+    }), { timeoutMs: 10_000 });
+  }
+
   async press(...keys) {
     const modifiers = keys.slice(0, -1);
     for (const key of modifiers) await this.page.keyboard.down(key);
@@ -174,12 +216,18 @@ export class CodeServer {
     for (const key of modifiers.reverse()) await this.page.keyboard.up(key);
   }
 
-  /** The ghost text on screen (inline part and any lines below), spaces normalised. */
+  /**
+   * Ghost text on screen: `inline` is the part drawn on the cursor's line (its token spans joined),
+   * `lines` how many ghost elements there are in all (lines below the cursor included); null when none.
+   */
   async ghostText() {
     return this.page.evaluate(() => {
-      const parts = [...document.querySelectorAll('.ghost-text-decoration, .ghost-text-decoration-preview, .ghost-text')]
-        .map((el) => el.textContent.replace(/\u00a0/g, ' '));
-      return parts.length ? parts.join('\n') : null;
+      const all = document.querySelectorAll('.ghost-text-decoration, .ghost-text-decoration-preview, .ghost-text');
+      if (all.length === 0) return null;
+      const inline = [...document.querySelectorAll('.ghost-text-decoration')]
+        .map((el) => el.textContent.replace(/\u00a0/g, ' '))
+        .join('');
+      return { inline, elements: all.length };
     });
   }
 
@@ -193,3 +241,14 @@ export class CodeServer {
   }
 }
 
+/** Text as VS Code draws it in ghost text: control characters as control pictures (U+2400 block). */
+export function displayed(text) {
+  return [...text]
+    .map((ch) => {
+      const c = ch.codePointAt(0);
+      if (c < 0x20 && ch !== '\t') return String.fromCharCode(0x2400 + c);
+      if (c === 0x7f) return '\u2421';
+      return ch;
+    })
+    .join('');
+}

@@ -19,7 +19,7 @@ from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVE = [sys.executable, "-m", "lsp_server.cli", "--debug", "serve"]
+SERVE = [sys.executable, "-m", "lsp_server.cli", "serve"]
 READY_TIMEOUT_S = 180.0
 
 
@@ -33,7 +33,7 @@ def client_capabilities(*, encodings: list[str] | None = None, inline: bool = Tr
             completion=types.CompletionClientCapabilities(),
             synchronization=types.TextDocumentSyncClientCapabilities(),
         ),
-        workspace=types.WorkspaceClientCapabilities(workspace_folders=True),
+        workspace=types.WorkspaceClientCapabilities(workspace_folders=True, configuration=True),
     )
 
 

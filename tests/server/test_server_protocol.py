@@ -43,7 +43,9 @@ async def neovim(tiny_model_dir, workspace):
     """A Neovim 0.11-like session: asks for UTF-8, has no inline completion, no progress support."""
     async with lsp_session(["--target", str(tiny_model_dir)], workspace=workspace,
                            capabilities=client_capabilities(encodings=["utf-8", "utf-16"], inline=False,
-                                                            progress=False)) as (client, init):
+                                                            progress=False),
+                           initialization_options={"maxTokens": 24, "temperature": "hot", "colour": 1}
+                           ) as (client, init):
         client.init_result = init
         await wait_for_state(client)
         yield client
@@ -69,6 +71,14 @@ async def test_capabilities_are_advertised(vscode):
 async def test_the_clients_preferred_encoding_is_negotiated(neovim):
     assert neovim.init_result.capabilities.position_encoding == types.PositionEncodingKind.Utf8
     assert (await stats(neovim))["positionEncoding"] == "utf-8"
+
+
+async def test_initialization_options_apply_and_bad_values_are_explained_once(neovim):
+    [message] = neovim.messages
+    assert message.type == types.MessageType.Error
+    assert "'temperature'" in message.message and "'hot'" in message.message
+    s = await stats(neovim)
+    assert s["state"] == "ready"  # a bad setting does not stop the server
 
 
 async def test_model_loading_is_reported_with_work_done_progress(vscode):
@@ -154,6 +164,21 @@ async def test_utf8_positions_and_a_completion_item_for_clients_without_inline_c
         return item.text_edit.new_text, item.text_edit.range.start
 
     await _position_round_trip(neovim, workspace, "utf8.py", "utf-8", request)
+
+
+async def test_a_selected_popup_item_is_extended(vscode, workspace):
+    uri = doc_uri(workspace, "selected.py")
+    open_document(vscode, uri, "import os\n\nos.pa")
+    params = inline_params(uri, 2, 5)
+    params.context.selected_completion_info = types.SelectedCompletionInfo(
+        range=types.Range(start=types.Position(line=2, character=3), end=types.Position(line=2, character=5)),
+        text="path")
+    result = await vscode.text_document_inline_completion_async(params)
+    [item] = result.items
+    # The client shows ghost text only when it starts with the selected item and replaces its range.
+    assert item.insert_text.startswith("path") and len(item.insert_text) > len("path")
+    assert item.range.start == types.Position(line=2, character=3)
+    assert item.range.end == types.Position(line=2, character=5)
 
 
 async def test_clients_with_inline_completion_get_no_duplicate_popup_item(vscode, workspace):
@@ -253,3 +278,15 @@ async def test_configuration_changes_apply_and_bad_values_are_explained(vscode, 
         settings={"draftwise": {"languages": None}}))
     await asyncio.sleep(0.1)
     assert (await stats(vscode))["drafter"] == "auto"
+
+
+async def test_settings_are_pulled_when_the_client_only_says_they_changed(vscode):
+    vscode.set_configuration({"drafter": "suggestion"}, section="draftwise")
+    vscode.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))
+    for _ in range(100):
+        if (await stats(vscode))["drafter"] == "suggestion":
+            break
+        await asyncio.sleep(0.05)
+    assert (await stats(vscode))["drafter"] == "suggestion"
+    vscode.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"draftwise": {"drafter": "auto"}}))

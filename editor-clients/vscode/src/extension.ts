@@ -10,7 +10,6 @@ import {
   LanguageClientOptions,
   ServerOptions,
   State,
-  TransportKind,
   WorkDoneProgress,
   WorkDoneProgressCreateRequest,
 } from 'vscode-languageclient/node';
@@ -30,6 +29,7 @@ export interface ServerSettings {
   temperature: number;
   contextTokens: number;
   languages: string[] | null; // null: every language
+  scope: string;
 }
 
 export interface ServerStats {
@@ -58,6 +58,7 @@ export function readSettings(config: vscode.WorkspaceConfiguration): ServerSetti
     temperature: config.get<number>('temperature', 0),
     contextTokens: config.get<number>('contextTokens', 1536),
     languages: languages.length === 0 ? null : languages,
+    scope: config.get<string>('scope', 'auto'),
   };
 }
 
@@ -102,7 +103,7 @@ function fixed(value: unknown, digits: number): string {
 }
 
 class StatusBar implements vscode.Disposable {
-  private readonly item = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+  private readonly item = vscode.window.createStatusBarItem('draftwise.status', vscode.StatusBarAlignment.Right, 100);
 
   constructor() {
     this.item.name = 'Draftwise';
@@ -170,11 +171,35 @@ class StatusBar implements vscode.Disposable {
   }
 }
 
+/** A read-only editor tab with the server's latest stats as JSON (no save prompt on close). */
+class StatsDocument implements vscode.TextDocumentContentProvider, vscode.Disposable {
+  static readonly scheme = 'draftwise';
+  static readonly uri = vscode.Uri.parse(`${StatsDocument.scheme}:stats.json`);
+  private readonly changed = new vscode.EventEmitter<vscode.Uri>();
+  private readonly registration = vscode.workspace.registerTextDocumentContentProvider(StatsDocument.scheme, this);
+  private text = '{}\n';
+  readonly onDidChange = this.changed.event;
+
+  update(stats: ServerStats): void {
+    this.text = JSON.stringify(stats, null, 2) + '\n';
+    this.changed.fire(StatsDocument.uri);
+  }
+
+  provideTextDocumentContent(): string {
+    return this.text;
+  }
+
+  dispose(): void {
+    this.registration.dispose();
+    this.changed.dispose();
+  }
+}
+
 class DraftwiseClient implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private readonly status = new StatusBar();
   private readonly output = vscode.window.createOutputChannel('Draftwise', { log: true });
-  private statsOutput: vscode.OutputChannel | undefined;
+  readonly statsDocument = new StatsDocument();
   private pollTimer: NodeJS.Timeout | undefined;
   private refreshTimer: NodeJS.Timeout | undefined;
   lastStats: ServerStats | undefined;
@@ -199,7 +224,7 @@ class DraftwiseClient implements vscode.Disposable {
     const serverOptions: ServerOptions = {
       command,
       args,
-      transport: TransportKind.stdio,
+      // No `transport`: TransportKind.stdio would append --stdio, which `draftwise serve` does not take.
       options: { env, cwd: folders[0] },
     };
     const settings = readSettings(config);
@@ -315,9 +340,10 @@ class DraftwiseClient implements vscode.Disposable {
       void vscode.window.showWarningMessage('Draftwise: the server is not running.');
       return;
     }
-    this.statsOutput ??= vscode.window.createOutputChannel('Draftwise Stats', 'json');
-    this.statsOutput.replace(JSON.stringify(stats, null, 2) + '\n');
-    this.statsOutput.show(true);
+    this.statsDocument.update(stats);
+    const document = await vscode.workspace.openTextDocument(StatsDocument.uri);
+    await vscode.languages.setTextDocumentLanguage(document, 'json');
+    await vscode.window.showTextDocument(document, { preview: true, preserveFocus: false });
   }
 
   async onConfigurationChanged(event: vscode.ConfigurationChangeEvent): Promise<void> {
@@ -359,7 +385,7 @@ class DraftwiseClient implements vscode.Disposable {
     void this.stop();
     this.status.dispose();
     this.output.dispose();
-    this.statsOutput?.dispose();
+    this.statsDocument.dispose();
   }
 }
 

@@ -23,13 +23,14 @@ local defaults = {
   settings = {
     target = nil, ---@type string?  preset, Hugging Face directory, .gguf file or hub id
     draft = nil, ---@type string?   draft model spec, or "none"
-    drafter = nil, ---@type string? "auto" | "none" | "lookup" | "model"
+    drafter = nil, ---@type string? "auto" | "none" | "lookup" | "model" | "suggestion"
     maxTokens = nil, ---@type integer?
     device = nil, ---@type string?  "auto" | "cpu" | "cuda" | "cuda:N" | "mps"
     dtype = nil, ---@type string?
     temperature = nil, ---@type number?
     contextTokens = nil, ---@type integer?
     languages = nil, ---@type string[]?
+    scope = nil, ---@type string?   "auto" | "line" | "block" | "full"
   },
   filetypes = nil, ---@type string[]? nil: every buffer that holds a file
   root_markers = { '.git', 'pyproject.toml', 'package.json', 'Cargo.toml', 'go.mod' },

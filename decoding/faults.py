@@ -1,0 +1,43 @@
+"""Fault injection for reliability tests: DRAFTWISE_FAULTS=name[:count],...
+
+Faults that cannot be produced on demand on a test machine (running out of memory while loading or
+generating, a draft model that breaks while the target loads) are raised at the place where the
+real failure would surface, so tests exercise the real recovery path. Off unless the variable is set.
+
+- target_load_oom   : loading the target raises MemoryError
+- draft_load_error  : loading the draft model fails (the server must serve without it)
+- generate_oom[:N]  : the next N target forwards raise MemoryError (default: 1)
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+_lock = threading.Lock()
+_remaining: dict[str, int] | None = None
+
+
+def _table() -> dict[str, int]:
+    global _remaining
+    if _remaining is None:
+        _remaining = {}
+        for item in filter(None, (x.strip() for x in os.environ.get("DRAFTWISE_FAULTS", "").split(","))):
+            name, _, count = item.partition(":")
+            _remaining[name] = int(count) if count.isdigit() else (1 if name == "generate_oom" else 1 << 30)
+    return _remaining
+
+
+def trip(name: str) -> bool:
+    """True (and one use spent) when fault `name` is armed."""
+    with _lock:
+        table = _table()
+        if table.get(name, 0) > 0:
+            table[name] -= 1
+            return True
+    return False
+
+
+def reset() -> None:
+    global _remaining
+    with _lock:
+        _remaining = None
