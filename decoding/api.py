@@ -31,6 +31,7 @@ class CompletionRequest:
     document: str = ""  # key for latest-wins, KV reuse and suggestion memory (an LSP uri)
     language: str = ""  # LSP language id ("python", "typescript", ...); "" guesses from path
     context: Sequence[ContextFile] = ()  # most relevant first; fitted into the token budget
+    context_tokens: int | None = None  # prompt token budget; None: EngineConfig.context_tokens
     max_tokens: int | None = None  # None: the engine's configured default
     # "line" | "block": stop rules for code; "auto": line or block, decided from the cursor's context;
     # "full": the model's raw output until end-of-text or max_tokens, untouched (benchmarks compare it)

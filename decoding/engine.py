@@ -34,7 +34,9 @@ class Job:
         return self.future.result(timeout)
 
     def __await__(self):
-        return asyncio.wrap_future(self.future).__await__()
+        # Shielded: cancelling the awaiting task must not cancel the engine's future (call cancel()
+        # to stop the generation; the job then resolves with stopped="cancelled").
+        return asyncio.shield(asyncio.wrap_future(self.future)).__await__()
 
 
 def _available_memory_bytes(device) -> int | None:
@@ -64,6 +66,7 @@ class Engine:
         self.draft = None  # LoadedModel, when a draft model is loaded
         self.draft_note = ""  # why the draft model is (not) used
         self.cost = None
+        self.prompts = None  # PromptBuilder, once the tokenizer is loaded
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._jobs: dict[str, Job] = {}  # latest job per document
@@ -203,7 +206,8 @@ class Engine:
     # ---- requests -----------------------------------------------------------------------------
     def build_prompt(self, request: CompletionRequest) -> list[int]:
         self._require_ready()
-        return self.prompts.build(request.prefix, request.suffix, request.path, request.context).ids
+        return self.prompts.build(request.prefix, request.suffix, request.path, request.context,
+                                  budget=request.context_tokens).ids
 
     def clear_caches(self) -> None:
         """Forget every stored KV cache and suggestion (benchmarks measure cold requests with it)."""
@@ -243,6 +247,8 @@ class Engine:
         with self._lock:
             if self._jobs.get(job.request.document) is job:
                 del self._jobs[job.request.document]
+        if job.future.done():  # a caller cancelled the future itself; nobody waits for the result
+            return
         if inner.exception() is not None:
             job.future.set_exception(inner.exception())
         else:
@@ -367,7 +373,7 @@ class Engine:
             "draft_loaded": self.draft is not None, "draft_note": self.draft_note,
             "drafter": self.config.drafter, "device": str(t.device) if t else self.config.device,
             "dtype": str(t.dtype).replace("torch.", "") if t else self.config.dtype,
-            "fim_template": self.prompts.template.family if t else None,
+            "fim_template": self.prompts.template.family if self.prompts else None,
             "cost_model": self.cost.summary() if self.cost else None,
         }
 

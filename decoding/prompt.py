@@ -84,13 +84,21 @@ class PromptBuilder:
         self.tok = tokenizer
         self.template = detect_template(tokenizer)
         self.budget = budget
-        self.suffix_budget = min(max_suffix_tokens, int(budget * suffix_share))
+        self.suffix_share = suffix_share
+        self.max_suffix_tokens = max_suffix_tokens
         vocab = tokenizer.get_vocab()
         self._special = {s: vocab[s] for s in (self.template.prefix, self.template.suffix, self.template.middle,
                                                self.template.file_sep, self.template.repo_name) if s and s in vocab}
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False) if text else []
+
+    def suffix_budget_for(self, budget: int) -> int:
+        return min(self.max_suffix_tokens, int(budget * self.suffix_share))
+
+    @property
+    def suffix_budget(self) -> int:
+        return self.suffix_budget_for(self.budget)
 
     def _fit_prefix(self, prefix: str, budget: int) -> tuple[list[int], int]:
         """Tokens of the longest line-aligned tail of prefix that fits; the cut moves in steps."""
@@ -132,13 +140,15 @@ class PromptBuilder:
                 return ids, len(keep)
         return [], 0
 
-    def build(self, prefix: str, suffix: str = "", path: str = "", context: Sequence[ContextFile] = ()) -> PromptParts:
+    def build(self, prefix: str, suffix: str = "", path: str = "", context: Sequence[ContextFile] = (),
+              budget: int | None = None) -> PromptParts:
         t, sp = self.template, self._special
+        budget = budget or self.budget
         if not t.is_fim:
-            pre_ids, dropped = self._fit_prefix(prefix, self.budget)
+            pre_ids, dropped = self._fit_prefix(prefix, budget)
             return PromptParts(pre_ids, dropped, 0, 0)
-        suf_ids, suf_kept = self._fit_suffix(suffix, self.suffix_budget)
-        prefix_budget = self.budget - len(suf_ids) - 8
+        suf_ids, suf_kept = self._fit_suffix(suffix, self.suffix_budget_for(budget))
+        prefix_budget = budget - len(suf_ids) - 8
         pre_ids, dropped = self._fit_prefix(prefix, prefix_budget)
         header: list[int] = []
         used_files = 0

@@ -1,1 +1,15 @@
-"""draftwise's language server: LSP in, plain-text requests to the engine out. Never touches tensors."""
+"""draftwise's language server: LSP in, plain-text requests to the engine out. Never touches tensors.
+
+Where things live:
+- `server.py`       the pygls server: capabilities and one short handler per LSP method
+- `completions.py`  what a completion request does, from cursor to item
+- `engine_host.py`  owns the engine: background load with progress, submit/cancel, staleness, stats
+- `documents.py`    open documents, position encodings (utf-8/16/32), context from other files
+- `postprocess.py`  shaping model text into an edit: single line vs block, brackets, indentation
+- `typeahead.py`    answering at once while the user types along a shown suggestion
+- `config.py`       settings from initializationOptions / didChangeConfiguration
+- `progress.py`     work-done progress while models load
+- `cli.py`          the `draftwise` command (serve, complete, bench, models)
+
+What a client can rely on (capabilities, settings, custom requests) is in PROTOCOL.md.
+"""

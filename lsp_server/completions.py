@@ -163,7 +163,8 @@ class Completions:
         return CompletionRequest(
             prefix=prefix, suffix=suffix, path=display_path(doc.uri, folders), document=doc.uri,
             language=doc.language_id, context=tuple(context), max_tokens=engine.max_tokens,
-            scope=settings.scope, drafter=engine.drafter, temperature=settings.temperature)
+            context_tokens=engine.context_tokens, scope=settings.scope, drafter=engine.drafter,
+            temperature=settings.temperature)
 
     def _submit(self, request: CompletionRequest, version: int):
         try:

@@ -25,8 +25,9 @@ MAX_TOKENS_LIMIT = 4096
 CONTEXT_TOKENS_RANGE = (64, 131072)
 TEMPERATURE_RANGE = (0.0, 2.0)
 
-# Changing any of these means different weights or a different prompt budget: the engine reloads.
-ENGINE_FIELDS = ("target", "draft", "device", "dtype", "context_tokens")
+# Changing any of these means different weights: the engine reloads. (The prompt budget, drafter,
+# max tokens and temperature travel with each request.)
+ENGINE_FIELDS = ("target", "draft", "device", "dtype")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class Settings:
         return self.languages is None or language_id in self.languages
 
     def needs_reload(self, other: "Settings") -> bool:
-        """Whether going from self to other needs a new engine (other models or budget)."""
+        """Whether going from self to other needs a new engine (other models)."""
         return any(getattr(self.engine, f) != getattr(other.engine, f) for f in ENGINE_FIELDS)
 
 

@@ -113,7 +113,7 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     }
   });
 
-  test('accept-line takes the suggestion up to the end of its first line', { timeout: model.replyTimeoutMs }, async () => {
+  test('accept-line takes the suggestion up to the end of its first line', { timeout: model.replyTimeoutMs }, async (t) => {
     nvim.send('<Esc>Go');
     nvim.send('    x = fib');
     const suggestion = await waitFor('a suggestion', () => nvim.probe('suggestion'), { timeoutMs: model.replyTimeoutMs / 2 });
@@ -130,6 +130,8 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     }
     await waitFor('the accepted line', () => JSON.stringify(nvim.probe('lines')) === JSON.stringify(expected),
       { timeoutMs: 5000 }).catch(() => assert.deepEqual(nvim.probe('lines'), expected));
+    t.diagnostic(part === null ? 'one-line suggestion: accept-line took all of it'
+      : `multi-line suggestion: accept-line took ${JSON.stringify(part)}`);
     const key = part === null ? 'accepted' : 'partiallyAccepted';
     await waitFor(`the server to count it as ${key}`, () => nvim.probe('server_stats').suggestions[key] === stats[key] + 1,
       { timeoutMs: 5000 });

@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.real_model]
 SOURCE = Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py"
 CUT_AFTER = "    return w."  # in `def fill(...)`: `w = TextWrapper(...)` / `return w.fill(text)`
 REQUEST_CANCELLED = -32800
+MAX_TOKENS = 128
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +71,9 @@ async def test_a_real_completion_on_a_standard_library_file(real, stdlib_copy):
 
 async def test_cancel_mid_generation_stops_within_one_forward(real, stdlib_copy):
     _, uri, _, (line, column) = stdlib_copy
+    # One token per forward (no drafting), and room for many: the generation outlasts the wait below.
     real.workspace_did_change_configuration(types.DidChangeConfigurationParams(
-        settings={"draftwise": {"scope": "full", "maxTokens": 64}}))
+        settings={"draftwise": {"scope": "full", "maxTokens": MAX_TOKENS, "drafter": "none"}}))
     # Type a character the suggestion does not start with: the engine has to generate (and reuses
     # the cached prompt, so generation starts after a short prefill).
     real.text_document_did_change(insert_change(uri, 2, line, column, "x"))
@@ -82,7 +84,7 @@ async def test_cancel_mid_generation_stops_within_one_forward(real, stdlib_copy)
     pending = asyncio.ensure_future(real.protocol.send_request_async(
         types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, line, column + 1), msg_id="real-cancel"))
     await asyncio.sleep(first_token_s + 1.0)
-    assert not pending.done(), "finished before the cancel; the test needs a longer generation"
+    assert not pending.done(), "finished before the cancel; the test needs a longer generation"  # mid-generation
     real.cancel_request(types.CancelParams(id="real-cancel"))
     with pytest.raises(JsonRpcException) as err:
         await asyncio.wait_for(pending, timeout=10)
@@ -95,4 +97,4 @@ async def test_cancel_mid_generation_stops_within_one_forward(real, stdlib_copy)
     last = after["last"]
     assert last["stopped"] == "cancelled"
     assert last["forwards_after_cancel"] <= 1
-    assert 1 <= last["generated_tokens"] < 64  # stopped mid-generation
+    assert 1 <= last["generated_tokens"] < MAX_TOKENS

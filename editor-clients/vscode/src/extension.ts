@@ -213,10 +213,12 @@ class DraftwiseClient implements vscode.Disposable {
         'draftwise not found: set "draftwise.server.command", or install draftwise into the ' +
         "workspace's .venv or on PATH";
       this.status.error(message);
-      const choice = await vscode.window.showErrorMessage(message, 'Open Settings');
-      if (choice === 'Open Settings') {
-        void vscode.commands.executeCommand('workbench.action.openSettings', 'draftwise.server');
-      }
+      // Not awaited: activation must not wait for the user to close the message.
+      void vscode.window.showErrorMessage(message, 'Open Settings').then((choice) => {
+        if (choice === 'Open Settings') {
+          void vscode.commands.executeCommand('workbench.action.openSettings', 'draftwise.server');
+        }
+      });
       return;
     }
     const args = config.get<string[]>('server.args', ['serve']);

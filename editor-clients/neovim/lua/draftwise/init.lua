@@ -265,7 +265,7 @@ function M.show_stats()
     end
     width = math.min(width + 2, vim.o.columns - 4)
     local height = math.min(#lines, vim.o.lines - 4)
-    local win = vim.api.nvim_open_win(buf, true, {
+    local win_opts = {
       relative = 'editor',
       row = math.floor((vim.o.lines - height) / 2),
       col = math.floor((vim.o.columns - width) / 2),
@@ -273,8 +273,11 @@ function M.show_stats()
       height = height,
       style = 'minimal',
       border = 'rounded',
-      title = ' Draftwise stats ',
-    })
+    }
+    if compat.has('0.9') then
+      win_opts.title = ' Draftwise stats '
+    end
+    local win = vim.api.nvim_open_win(buf, true, win_opts)
     vim.keymap.set('n', 'q', function()
       pcall(vim.api.nvim_win_close, win, true)
     end, { buffer = buf, nowait = true })
@@ -498,21 +501,19 @@ end
 ---@param opts draftwise.Config?
 function M.setup(opts)
   opts = opts or {}
-  vim.validate({
-    cmd = { opts.cmd, 'table', true },
-    settings = { opts.settings, 'table', true },
-    filetypes = { opts.filetypes, 'table', true },
-    keymaps = { opts.keymaps, 'table', true },
-    debounce_ms = { opts.debounce_ms, 'number', true },
-  })
+  for key, kind in pairs({ cmd = 'table', cmd_env = 'table', settings = 'table', filetypes = 'table',
+    keymaps = 'table', debounce_ms = 'number', auto_trigger = 'boolean', root_markers = 'table' }) do
+    if opts[key] ~= nil and type(opts[key]) ~= kind then
+      error(('draftwise.setup: %s must be a %s, got %s'):format(key, kind, type(opts[key])), 2)
+    end
+  end
   M.config = vim.tbl_deep_extend('force', vim.deepcopy(defaults), opts)
   if opts.settings then
     -- Keep nil-valued defaults out and take the user's table as given.
     M.config.settings = vim.deepcopy(opts.settings)
   end
-  if vim.fn.hlexists(M.config.highlight) == 0 or vim.tbl_isempty(vim.api.nvim_get_hl(0, { name = M.config.highlight })) then
-    vim.api.nvim_set_hl(0, M.config.highlight, { link = 'Comment', default = true })
-  end
+  -- default = true: a colorscheme's or the user's own definition wins.
+  vim.api.nvim_set_hl(0, M.config.highlight, { link = 'Comment', default = true })
 
   augroup = vim.api.nvim_create_augroup('draftwise', { clear = true })
   vim.api.nvim_create_autocmd({ 'FileType', 'BufEnter' }, {
