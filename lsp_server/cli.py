@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tcp", metavar="HOST:PORT", help="listen on TCP instead of stdio (HOST defaults to 127.0.0.1)")
     s.add_argument("--allow-remote", action="store_true", help="allow --tcp on a non-loopback address")
     s.add_argument("--log-file", help="write logs here instead of stderr")
+    s.add_argument("--stdio", action="store_true", help="serve over stdio (the default; accepted because LSP clients pass it)")
 
     c = sub.add_parser("complete", help="complete one position in a file and print the suggestion")
     add_model_flags(c)

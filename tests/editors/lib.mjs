@@ -97,8 +97,17 @@ export async function waitFor(what, fn, { timeoutMs = 30_000, intervalMs = 200 }
   throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}${detail}`);
 }
 
+const tempDirs = [];
+process.on('exit', () => {
+  if (process.env.DRAFTWISE_KEEP_TEMP) return;
+  for (const dir of tempDirs) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+/** A fresh directory, removed when the test process exits (kept with DRAFTWISE_KEEP_TEMP=1). */
 export function makeTempDir(prefix) {
-  return fs.mkdtempSync(path.join(os.tmpdir(), `draftwise-${prefix}-`));
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), `draftwise-${prefix}-`));
+  tempDirs.push(dir);
+  return dir;
 }
 
 export function ensureArtifactsDir() {

@@ -113,28 +113,40 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     }
   });
 
-  test('accept-line takes the suggestion up to the end of its first line', { timeout: model.replyTimeoutMs }, async (t) => {
-    nvim.send('<Esc>Go');
-    nvim.send('    x = fib');
-    const suggestion = await waitFor('a suggestion', () => nvim.probe('suggestion'), { timeoutMs: model.replyTimeoutMs / 2 });
-    const lines = nvim.probe('lines');
-    const newline = suggestion.ghost.indexOf('\n', suggestion.ghost.startsWith('\n') ? 1 : 0);
-    const part = newline === -1 ? null : suggestion.ghost.slice(0, newline);
-    const stats = nvim.probe('server_stats').suggestions;
-    nvim.send('<M-l>');
-    let expected;
-    if (part === null) {
-      expected = applySuggestion(lines, suggestion); // one line: accept-line takes it all
-    } else {
-      expected = applySuggestion(lines, { ...suggestion, start_col: suggestion.col, end_col: suggestion.col, insert: part });
+  test('accept-line takes a multi-line suggestion up to the end of its first line', { timeout: model.replyTimeoutMs * 2 }, async (t) => {
+    // Whole-block suggestions (sent as new settings, as update_settings does) make a multi-line
+    // one likely; the tiny model is deterministic, so one of these lines gives one.
+    nvim.send('<Cmd>lua require("draftwise").update_settings({ scope = "full", maxTokens = 48 })<CR>');
+    const candidates = ['    def push(self, item):', 'import os', '    x = fib', 'for i in range(10):'];
+    let suggestion;
+    try {
+      for (const line of candidates) {
+        nvim.send(`<Esc>Go${line}`);
+        const shown = await waitFor('a suggestion', () => nvim.probe('suggestion'), { timeoutMs: 5000 })
+          .catch(() => null);
+        if (shown && shown.ghost.replace(/^\n/, '').includes('\n')) {
+          suggestion = shown;
+          t.diagnostic(`multi-line suggestion after ${JSON.stringify(line)}`);
+          break;
+        }
+      }
+      assert.ok(suggestion, `none of ${JSON.stringify(candidates)} brought a multi-line suggestion`);
+      const lines = nvim.probe('lines');
+      const part = suggestion.ghost.slice(0, suggestion.ghost.indexOf('\n', suggestion.ghost.startsWith('\n') ? 1 : 0));
+      const before = nvim.probe('server_stats').suggestions;
+      nvim.send('<M-l>');
+      const expected = applySuggestion(lines, { ...suggestion, start_col: suggestion.col, end_col: suggestion.col, insert: part });
+      await waitFor('the accepted line', () => JSON.stringify(nvim.probe('lines')) === JSON.stringify(expected),
+        { timeoutMs: 5000 }).catch(() => assert.deepEqual(nvim.probe('lines'), expected));
+      const after = await waitFor('the server to count a partial accept', () => {
+        const now = nvim.probe('server_stats').suggestions;
+        return now.partiallyAccepted === before.partiallyAccepted + 1 ? now : null;
+      }, { timeoutMs: 5000 });
+      assert.equal(after.acceptedChars - before.acceptedChars, [...part].length);
+      assert.equal(after.accepted, before.accepted);
+    } finally {
+      nvim.send('<Cmd>lua require("draftwise").update_settings({ scope = "auto", maxTokens = 12 })<CR>');
     }
-    await waitFor('the accepted line', () => JSON.stringify(nvim.probe('lines')) === JSON.stringify(expected),
-      { timeoutMs: 5000 }).catch(() => assert.deepEqual(nvim.probe('lines'), expected));
-    t.diagnostic(part === null ? 'one-line suggestion: accept-line took all of it'
-      : `multi-line suggestion: accept-line took ${JSON.stringify(part)}`);
-    const key = part === null ? 'accepted' : 'partiallyAccepted';
-    await waitFor(`the server to count it as ${key}`, () => nvim.probe('server_stats').suggestions[key] === stats[key] + 1,
-      { timeoutMs: 5000 });
   });
 
   test(':DraftwiseStats shows the server\'s stats', async () => {
