@@ -6,7 +6,7 @@ Layout (why it looks like this):
   so only the tokens after it are prefilled again.
 - The suffix comes after the prefix (prefix-suffix-middle, the layout these models are trained on),
   which means every edit re-prefills the suffix section. We keep the suffix budget small (default
-  at most 1/8 of the budget and 128 tokens): the few lines after the cursor carry most of its value, and
+  at most 1/8 of the budget and 64 tokens): the few lines after the cursor carry most of its value, and
   each suffix token costs prefill time on every keystroke.
 - The prefix is cut at a line boundary that moves in steps of PREFIX_CUT_STEP lines, so the start of
   the prompt stays put while the user types and the cache keeps matching.
@@ -80,7 +80,7 @@ class PromptParts:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, budget: int = 1536, suffix_share: float = 0.125, max_suffix_tokens: int = 128):
+    def __init__(self, tokenizer, budget: int = 1536, suffix_share: float = 0.125, max_suffix_tokens: int = 64):
         self.tok = tokenizer
         self.template = detect_template(tokenizer)
         self.budget = budget

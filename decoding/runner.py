@@ -16,7 +16,8 @@ from decoding.api import CancelToken
 from decoding.kv_cache import KVStore, common_prefix_len
 from decoding.models.loading import LoadedModel
 
-PREFILL_CHUNK = 256  # tokens per prefill forward: bounds the wait for a cancel during long prefills
+PREFILL_CHUNK = 512  # tokens per prefill forward: bounds the wait for a cancel during long prefills;
+# each chunk re-reads all weights, so smaller chunks make every cold prompt slower on a CPU
 
 
 def kv_bytes_per_token(model) -> int:
