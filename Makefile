@@ -35,7 +35,7 @@ test-editors: models
 	bash tests/editors/run.sh
 
 test-reliability: setup
-	@echo "reliability tests: not yet" && exit 1
+	$(BIN)/python -m pytest tests/reliability -q -rxX -p no:cacheprovider
 
 bench: models
 	$(BIN)/draftwise bench --target $(PRESET)

@@ -179,7 +179,7 @@ class Bench:
         self.progress = progress or (lambda label: None)
         self.target_spec = target_spec
         self.result = BenchResult()
-        self.llama: dict[str, object] = {}
+        self.llama = None  # LlamaCppWorker, started on first use
         self.llama_note: str | None = None
         self.tag = f"{os.getpid()}-{int(time.time())}"
 
@@ -213,14 +213,14 @@ class Bench:
             raise ValueError("hf-plain is the reference every speedup is measured against; keep it in --modes")
         return runnable
 
-    def _llama_runner(self, mode: str):
-        from decoding.bench.llamacpp_baselines import LlamaCppRunner, gguf_for
+    def _llama(self):
+        from decoding.bench.llamacpp_baselines import LlamaCppWorker, gguf_for
 
-        if mode not in self.llama:
-            lookup = self.s.lookup_tokens if mode == "llamacpp-lookup" else 0
+        if self.llama is None:
             n_ctx = self.engine.config.context_tokens + self.s.max_tokens + 64
-            self.llama[mode] = LlamaCppRunner(gguf_for(self.target_spec), n_ctx, lookup, self.s.llamacpp_threads)
-        return self.llama[mode]
+            self.llama = LlamaCppWorker(gguf_for(self.target_spec), n_ctx, self.s.lookup_tokens,
+                                        self.s.llamacpp_threads)
+        return self.llama
 
     # ---- one case, one mode -----------------------------------------------------------------
     def run_mode(self, case: Case, mode: str, prompt: list[int]) -> RunRecord:
@@ -238,7 +238,7 @@ class Bench:
                     kw["prompt_lookup_num_tokens"] = self.s.lookup_tokens
                 g = generate_timed(e.target.model, prompt, self.s.max_tokens, e.end_ids, **kw)
             else:
-                g = self._llama_runner(mode).generate(prompt, self.s.max_tokens, e.end_ids)
+                g = self._llama().generate(mode == "llamacpp-lookup", prompt, self.s.max_tokens, e.end_ids)
             done = completion_of(e, g.token_ids)
             return record_from_timing(mode, case, g, done, mode not in ("hf-plain", "llamacpp-plain"))
         except Exception as exc:  # one failing mode must not lose the rest of the run
@@ -396,14 +396,16 @@ class Bench:
     # ---- everything ---------------------------------------------------------------------------
     def run(self) -> BenchResult:
         modes = self.plan_modes()
-        self.warm_up(modes)
-        self.run_cases(modes)
+        try:
+            self.warm_up(modes)
+            self.run_cases(modes)
+        finally:
+            if self.llama is not None:
+                self.llama.close()
         if self.s.typing_cases > 0:
             self.result.typing = self.run_typing()
         if self.s.cancel_tries > 0:
             self.result.cancel = self.run_cancel()
-        for r in self.llama.values():
-            r.close()
         return self.result
 
     def steps(self, modes_count: int) -> int:

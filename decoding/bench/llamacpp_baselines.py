@@ -5,11 +5,20 @@ Timing follows the rest of the benchmark: the first `eval` feeds the prompt (pre
 timed from the first generated token to the last and counts the tokens after the first. Forward
 sizes come from wrapping the instance's `eval`, and drafted/accepted are derived from them as for
 the Hugging Face modes (each eval after the first feeds one token plus the drafted ones).
+
+llama.cpp runs in its own process (`LlamaCppWorker`, this module run with `-m`), as it does for
+its users: in a process where PyTorch has run on another, still living thread (the engine's
+worker), llama.cpp's OpenMP threads decoded about 30% slower here. The separate process also keeps
+a crashing llama.cpp build from taking the benchmark down with it.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -103,3 +112,65 @@ class LlamaCppRunner:
         close = getattr(self.llm, "close", None)
         if close is not None:
             close()
+
+
+class LlamaCppWorker:
+    """llama.cpp in a child process: one plain and one prompt-lookup instance, created on first use."""
+
+    def __init__(self, gguf: Path, n_ctx: int, lookup_tokens: int, threads: int | None = None):
+        cmd = [sys.executable, "-m", "decoding.bench.llamacpp_baselines", str(gguf), str(n_ctx),
+               str(lookup_tokens), str(threads or 0)]
+        root = str(Path(__file__).resolve().parents[2])  # the child imports this package from here too
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        # llama.cpp logs to stderr; the benchmark's progress bar owns the terminal
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=env)
+
+    def generate(self, lookup: bool, prompt_ids: Sequence[int], max_new_tokens: int,
+                 end_ids: set[int]) -> GenerateTiming:
+        request = {"lookup": lookup, "ids": list(prompt_ids), "max_tokens": max_new_tokens, "end_ids": sorted(end_ids)}
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            code = self.proc.wait()
+            how = f"signal {-code}" if code < 0 else f"exit status {code}"
+            raise RuntimeError(f"the llama.cpp process ended ({how})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"llama.cpp: {reply['error']}")
+        return GenerateTiming(**reply)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _serve(gguf: str, n_ctx: int, lookup_tokens: int, threads: int) -> None:
+    """The child's loop: one JSON request per stdin line, one JSON reply per stdout line."""
+    runners: dict[bool, LlamaCppRunner] = {}
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            lookup = bool(req["lookup"])
+            if lookup not in runners:
+                runners[lookup] = LlamaCppRunner(Path(gguf), n_ctx, lookup_tokens if lookup else 0, threads or None)
+            timing = runners[lookup].generate(req["ids"], req["max_tokens"], set(req["end_ids"]))
+            reply = dataclasses.asdict(timing)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which records the failed run
+            reply = {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+    for r in runners.values():
+        r.close()
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))

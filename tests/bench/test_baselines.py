@@ -167,3 +167,19 @@ def test_llamacpp_probe_reports_a_bad_model_file_instead_of_crashing(tmp_path):
     bad.write_bytes(b"GGUF" + b"\0" * 64)
     why = llamacpp_probe(str(bad))
     assert why is not None and why.startswith("llama.cpp")
+
+
+def test_llamacpp_worker_reports_errors_from_its_process(tmp_path):
+    pytest.importorskip("llama_cpp")
+    from decoding.bench.llamacpp_baselines import LlamaCppWorker
+
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    worker = LlamaCppWorker(bad, 256, 10)
+    try:
+        with pytest.raises(RuntimeError, match="llama.cpp"):
+            worker.generate(False, [1, 2, 3], 4, {0})
+        assert worker.proc.poll() is None  # the failure was reported, the process lives on
+    finally:
+        worker.close()
+    assert worker.proc.returncode == 0

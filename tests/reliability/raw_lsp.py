@@ -49,8 +49,9 @@ def encode(message: Any) -> bytes:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
 
 
-def is_request_id(value: Any) -> bool:
-    return isinstance(value, (int, str)) and not isinstance(value, bool)
+def _not_json(constant: str) -> Any:
+    # Python's json module reads NaN and Infinity; JSON has no such values.
+    raise ValueError(f"{constant} is not JSON")
 
 
 @dataclass
@@ -94,6 +95,8 @@ class RawServer:
         self.books = Books()
         self.sent_request_ids: list[Any] = []
         self.answer_server_requests = answer_server_requests
+        self.ending = False  # set once the test itself ends the session
+        self.crashed = False
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()
@@ -110,6 +113,8 @@ class RawServer:
         self.close()
 
     def close(self) -> None:
+        # A process that ended although nobody asked it to (shutdown/exit, a closed pipe) crashed.
+        self.crashed = not self.ending and self.process.poll() is not None
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=30)
@@ -225,7 +230,10 @@ class RawServer:
             self.books.violations.append(Violation(what, data))
 
     def _read_exactly(self, n: int) -> bytes:
-        out = self.process.stdout.read(n)
+        try:
+            out = self.process.stdout.read(n)
+        except (OSError, ValueError):
+            return b""
         return out if out is not None else b""
 
     def _read_loop(self) -> None:
@@ -235,7 +243,10 @@ class RawServer:
                 headers: dict[bytes, bytes] = {}
                 raw_header = b""
                 while True:
-                    line = stdout.readline()
+                    try:
+                        line = stdout.readline()
+                    except (OSError, ValueError):  # the test closed the pipe (a client going away)
+                        return
                     if not line:
                         if raw_header:
                             self._violation("stdout ended inside a header", raw_header)
@@ -267,7 +278,7 @@ class RawServer:
 
     def _take(self, body: bytes) -> None:
         try:
-            message = json.loads(body.decode("utf-8"))
+            message = json.loads(body.decode("utf-8"), parse_constant=_not_json)
         except (UnicodeDecodeError, ValueError):
             self._violation("body is not UTF-8 JSON", body)
             return
@@ -357,5 +368,6 @@ class RawServer:
         answer = self.call("shutdown", None, timeout)
         if "error" in answer:
             raise AssertionError(f"shutdown failed: {answer}")
+        self.ending = True
         self.notify("exit")
         return self.process.wait(timeout=timeout)
