@@ -76,7 +76,8 @@ def test_complete_on_a_stdlib_file_with_the_real_model(real_model, tmp_path):
     lookup = draftwise(*args, "--drafter", "lookup")
     assert plain.returncode == 0, plain.stderr
     p, l = json.loads(plain.stdout), json.loads(lookup.stdout)  # stdout is exactly one JSON document
-    assert "text" in p["text"] and "tab" in p["text"], p["text"]  # the missing line is about expanding tabs
+    # The missing line expands tabs; the model writes it as expandtabs() or as replace('\t', ...).
+    assert p["text"].startswith("text = text.") and ("tab" in p["text"] or "\\t" in p["text"]), p["text"]
     assert l["text"] == p["text"]
     assert p["stats"]["target_forwards"] == p["stats"]["generated_tokens"]
     assert l["stats"]["target_forwards"] < l["stats"]["generated_tokens"]

@@ -357,23 +357,36 @@ def odd_envelope(draw, ids: IdSource) -> Outgoing:
     return Outgoing(json.dumps(message).encode(), ODD_ENVELOPE, message["id"], f"odd:{damage}")
 
 
+@dataclass(frozen=True)
+class Write:
+    data: bytes
+    await_id: Any = None  # after this write, wait for the answer to this request (as an editor
+    # waiting for a completion before the next key does); None: go straight on
+
+
 @st.composite
-def writes(draw, messages: list[Outgoing]) -> list[bytes]:
-    """How the frames reach the pipe: one write each, several per write, or one split in pieces."""
-    out: list[bytes] = []
+def writes(draw, messages: list[Outgoing]) -> list[Write]:
+    """How the frames reach the pipe: one write each, several per write, or one split in two; now
+    and then the client waits for a request's answer before it writes on."""
+    out: list[Write] = []
     pending = b""
     for message in messages:
         data = frame(message.data, content_type=draw(st.integers(0, 4)) == 0)
         how = draw(st.integers(0, 5))
+        # Drawn whatever the message's length (which depends on ids from the session's counter):
+        # hypothesis needs the same choices to give the same draws.
+        cut_at = draw(st.floats(0.0, 1.0))
         if how == 0:
             pending += data  # glued to the next frame
             continue
         data, pending = pending + data, b""
         if how == 1 and len(data) > 2:
-            cut = draw(st.integers(1, len(data) - 1))
-            out += [data[:cut], data[cut:]]
+            cut = min(max(1, int(len(data) * cut_at)), len(data) - 1)
+            out += [Write(data[:cut]), Write(data[cut:])]
+        elif how == 2 and message.kind == REQUEST:
+            out.append(Write(data, await_id=message.msg_id))
         else:
-            out.append(data)
+            out.append(Write(data))
     if pending:
-        out.append(pending)
+        out.append(Write(pending))
     return out

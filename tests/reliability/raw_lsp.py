@@ -114,7 +114,8 @@ class RawServer:
 
     def close(self) -> None:
         # A process that ended although nobody asked it to (shutdown/exit, a closed pipe) crashed.
-        self.crashed = not self.ending and self.process.poll() is not None
+        self.crashed = self.crashed or (not self.ending and self.process.poll() is not None)
+        self.ending = True
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=30)

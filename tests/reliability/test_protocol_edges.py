@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from conftest import tiny_args
 from raw_lsp import encode, frame
+from reliability_support import tiny_args
 
 SERVER_NOT_INITIALIZED = -32002
 INVALID_REQUEST = -32600

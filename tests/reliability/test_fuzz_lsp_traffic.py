@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from conftest import FIGURES, tiny_args
 from lsp_fuzz import (
     CLIENT_RESPONSE, GARBAGE, MAX_TOKENS_IN_FUZZ, NOTIFICATION, ODD_ENVELOPE, REQUEST, IdSource, Outgoing, Places,
-    lsp_messages, writes,
+    Write, lsp_messages, writes,
 )
+from reliability_support import FIGURES, tiny_args
 
 HANG_S = 60.0  # a request unanswered this long after its batch counts as a hang
 FULL_FUZZ_MESSAGES = int(os.environ.get("DRAFTWISE_FUZZ_MESSAGES", "10000"))
@@ -56,7 +56,7 @@ class FuzzRun:
     def messages(self):
         return lsp_messages(self.places, self.ids, recent_ids=self.recent_ids, leave_out=self.leave_out)
 
-    def run_batch(self, messages: list[Outgoing], chunks: list[bytes]) -> None:
+    def run_batch(self, messages: list[Outgoing], chunks: list[Write]) -> None:
         server = self.server
         assert server.alive(), "the server died in an earlier batch"
         requests = [m for m in messages if m.kind == REQUEST]
@@ -67,9 +67,16 @@ class FuzzRun:
                 self.odd_ids.add(repr(m.msg_id))
         try:
             for chunk in chunks:
-                server.send_bytes(chunk)
+                server.send_bytes(chunk.data)
+                if chunk.await_id is not None:
+                    server.wait_for(lambda books: server.responses_for(chunk.await_id), HANG_S,
+                                    f"the answer to {chunk.await_id!r}")
         except (BrokenPipeError, OSError) as err:
             raise AssertionError(f"the server stopped reading ({err}); batch:\n{describe(messages)}") from err
+        except TimeoutError:
+            FIGURES.add("hangs")
+            raise AssertionError(f"no answer to {chunk.await_id!r} after {HANG_S:.0f} s; batch:\n"
+                                 f"{describe(messages)}\nserver log tail:\n{server.log_text()[-3000:]}")
         self.sent += len(messages)
         self.kinds.update(m.kind for m in messages)
         FIGURES.add("fuzz_messages", len(messages))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import psutil
 import pytest
 
-from conftest import FIGURES, tiny_args
+from reliability_support import FIGURES, tiny_args
 
 QUICK_REQUESTS = 150
 FULL_REQUESTS = 1000

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIGURES, REPO_ROOT, tiny_args
 from decoding.models.specs import PRESETS
+from raw_lsp import REPO_ROOT
+from reliability_support import FIGURES, tiny_args
 
 ERROR = 1  # window/showMessage type
 PRESET = "qwen2.5-coder-0.5b"

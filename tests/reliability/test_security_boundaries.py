@@ -11,17 +11,16 @@ import pickle
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from conftest import REPO_ROOT, tiny_args
 from decoding.models import pack
 from decoding.models.specs import PRESETS
-from raw_lsp import SERVE, encode, frame
+from raw_lsp import REPO_ROOT, SERVE, encode, frame
+from reliability_support import tiny_args
 
 SECRET = "SECRET-4f1c9a2e"
 WATCHED_TEXT = "OUTSIDE-7d3e"
