@@ -12,11 +12,21 @@ from dataclasses import fields, replace
 from typing import Callable
 
 from decoding.api import DRAFTERS, SCOPES, CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
+from decoding import faults
 from decoding.errors import DraftwiseError, EngineNotReady, ModelLoadError, ModelSpecError
 
 log = logging.getLogger("draftwise.engine")
 
 Progress = Callable[[str, "float | None"], None]
+
+
+def _valid_text(text: str) -> str:
+    """Editors can send lone UTF-16 surrogates; tokenizers reject them. Replace them, keep the rest."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 class Job:
@@ -206,7 +216,8 @@ class Engine:
     # ---- requests -----------------------------------------------------------------------------
     def build_prompt(self, request: CompletionRequest) -> list[int]:
         self._require_ready()
-        return self.prompts.build(request.prefix, request.suffix, request.path, request.context,
+        context = [replace(f, text=_valid_text(f.text)) for f in request.context]
+        return self.prompts.build(_valid_text(request.prefix), _valid_text(request.suffix), request.path, context,
                                   budget=request.context_tokens).ids
 
     def clear_caches(self) -> None:
@@ -302,6 +313,8 @@ class Engine:
             try:
                 if "model" in policy.drafters:  # the draft model catches up on the prompt now, once
                     policy.drafters["model"].runner.sync(seq, cancel)
+                if faults.trip("generate_oom"):
+                    raise MemoryError("injected fault: out of memory while generating")
                 generated = speculative_decode(runner, seq, policy, sampler, finish, cancel, stats, started)
                 failed = False
             finally:

@@ -6,7 +6,7 @@ real failure would surface, so tests exercise the real recovery path. Off unless
 
 - target_load_oom   : loading the target raises MemoryError
 - draft_load_error  : loading the draft model fails (the server must serve without it)
-- generate_oom[:N]  : the next N target forwards raise MemoryError (default: 1)
+- generate_oom[:N]  : the next N requests run out of memory as they start generating (default: 1)
 """
 from __future__ import annotations
 

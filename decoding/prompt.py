@@ -20,6 +20,7 @@ from typing import Sequence
 from decoding.api import ContextFile
 
 PREFIX_CUT_STEP = 32  # lines
+MAX_CHARS_PER_TOKEN = 16  # generous: code averages 3-4 characters a token
 
 
 @dataclass(frozen=True)
@@ -104,21 +105,23 @@ class PromptBuilder:
         """Tokens of the longest line-aligned tail of prefix that fits; the cut moves in steps."""
         if budget <= 0:
             return [], len(prefix)
-        ids = self.encode(prefix)
-        if len(ids) <= budget:
-            return ids, 0
-        line_starts = [0] + [i + 1 for i, ch in enumerate(prefix) if ch == "\n"]
-        # Find the first line whose tail fits, by tokenizing a generous tail with offsets.
-        enc = self.tok(prefix, add_special_tokens=False, return_offsets_mapping=True)
+        # Only a tail can fit: tokenizing a whole 10 MB file on every keystroke would not do.
+        window = max(0, len(prefix) - budget * MAX_CHARS_PER_TOKEN)
+        tail = prefix[window:]
+        enc = self.tok(tail, add_special_tokens=False, return_offsets_mapping=True)
+        if window == 0 and len(enc["input_ids"]) <= budget:
+            return list(enc["input_ids"]), 0
         offsets = enc["offset_mapping"]
-        first_token_that_fits = len(offsets) - budget
-        min_char = offsets[first_token_that_fits][0]
-        line = bisect.bisect_left(line_starts, min_char)
-        line = -(-line // PREFIX_CUT_STEP) * PREFIX_CUT_STEP  # round up to a step: a stable start
-        if line >= len(line_starts):
-            cut = min_char  # a single huge line: cut mid-line
-        else:
-            cut = line_starts[line]
+        min_char = window + offsets[max(0, len(offsets) - budget)][0]
+        # Line starts in the tail, numbered from the start of the file, so that the stepped cut
+        # stays put while the user types at the end.
+        before = prefix.count("\n", 0, window)
+        starts = [(0, 0)] if window == 0 else []
+        starts += [(window + i + 1, before + k + 1) for k, i in enumerate(j for j, ch in enumerate(tail) if ch == "\n")]
+        i = bisect.bisect_left(starts, (min_char, -1))
+        while i < len(starts) and starts[i][1] % PREFIX_CUT_STEP:
+            i += 1
+        cut = starts[i][0] if i < len(starts) else min_char  # no step line in reach: cut mid-line
         ids = self.encode(prefix[cut:])
         while len(ids) > budget:  # rare: re-tokenizing at a boundary changed the count
             nxt = prefix.find("\n", cut) + 1
@@ -127,18 +130,22 @@ class PromptBuilder:
         return ids, cut
 
     def _fit_suffix(self, suffix: str, budget: int) -> tuple[list[int], int]:
-        ids = self.encode(suffix)
-        if len(ids) <= budget:
-            return ids, len(suffix)
-        keep = suffix
-        lines = suffix.splitlines(keepends=True)
-        while lines:
-            lines.pop()
-            keep = "".join(lines)
-            ids = self.encode(keep)
-            if len(ids) <= budget:
-                return ids, len(keep)
-        return [], 0
+        """Tokens of the longest line-aligned head of suffix that fits (one tokenization)."""
+        if budget <= 0 or not suffix:
+            return [], 0
+        head = suffix[:budget * MAX_CHARS_PER_TOKEN]
+        enc = self.tok(head, add_special_tokens=False, return_offsets_mapping=True)
+        if len(head) == len(suffix) and len(enc["input_ids"]) <= budget:
+            return list(enc["input_ids"]), len(suffix)
+        limit = enc["offset_mapping"][min(budget, len(enc["offset_mapping"]) - 1)][0]
+        end = head.rfind("\n", 0, limit) + 1
+        if end <= 0:
+            return [], 0
+        ids = self.encode(suffix[:end])
+        while len(ids) > budget and end > 0:  # rare: token boundaries moved
+            end = suffix.rfind("\n", 0, end - 1) + 1
+            ids = self.encode(suffix[:end]) if end else []
+        return ids, end
 
     def build(self, prefix: str, suffix: str = "", path: str = "", context: Sequence[ContextFile] = (),
               budget: int | None = None) -> PromptParts:

@@ -11,7 +11,6 @@ import time
 import torch
 from transformers import DynamicCache
 
-from decoding import faults
 from decoding.api import CancelToken
 from decoding.kv_cache import KVStore, common_prefix_len
 from decoding.models.loading import LoadedModel
@@ -80,8 +79,6 @@ class ModelRunner:
     def forward(self, ids: list[int], logits_to_keep: int | None = None) -> torch.Tensor:
         """Append ids to the cache; return float logits [n, V] for the last n positions."""
         keep = len(ids) if logits_to_keep is None else logits_to_keep
-        if self.role == "target" and faults.trip("generate_oom"):
-            raise MemoryError("injected fault: out of memory in a target forward")
         inp = torch.tensor([ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=inp, use_cache=True, logits_to_keep=keep, **{self._cache_kw: self.cache})
         self.tokens.extend(ids)

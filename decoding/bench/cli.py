@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 from collections import Counter
@@ -66,6 +67,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
     g.add_argument("--json", dest="json_path", metavar="FILE", help="write every number measured to FILE")
     g.add_argument("--plot", metavar="FILE", help="write a PNG of speedup per mode and language to FILE")
+
+
+def _load_average() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):  # not on every platform
+        return None
 
 
 def _print_cases(cases) -> None:
@@ -134,6 +142,7 @@ def run(args) -> int:
         llamacpp_threads=args.llamacpp_threads or None, seed=args.seed,
     )
     engine = Engine(config)
+    load_before = _load_average()
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:
         engine.load(lambda msg, frac: bar.set_description_str(msg))
     try:
@@ -149,6 +158,7 @@ def run(args) -> int:
             bench.run()
     finally:
         engine.close()
+    load_after = _load_average()
     info = engine.info()
     config_out = {
         "target": args.target, "draft": draft, "device": info.get("device"), "dtype": info.get("dtype"),
@@ -158,6 +168,8 @@ def run(args) -> int:
         "modes": list(planned), "repeats": args.repeats, "lookup_tokens": settings.lookup_tokens,
         "draft_note": info.get("draft_note"), "cost_model": info.get("cost_model"),
         "command": "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        # other work on the machine slows every mode, llama.cpp's busy-waiting threads most
+        "load_average_1min": {"before": load_before, "after": load_after},
     }
     data = build_report_data(bench, list(ALL_MODES), config_out)
     print(report.markdown(data))

@@ -43,7 +43,9 @@ def markdown(data: Mapping) -> str:
         + f", {cfg.get('device', '?')} {cfg.get('dtype', '?')}, greedy, up to {cfg.get('max_tokens')} new tokens",
         f"- {cfg.get('cases')} cases ({', '.join(f'{k} {v}' for k, v in cfg.get('languages', {}).items())}), "
         f"seed {cfg.get('seed')}, corpus: {cfg.get('corpus')}",
-        f"- command: `{cfg.get('command', '')}`",
+        f"- command: `{cfg.get('command', '')}`"
+        + (f" (1-minute load average {load['before']} before, {load['after']} after; {m.get('cores', '?')} cores)"
+           if (load := cfg.get("load_average_1min")) else ""),
         "",
         "| mode | decode tok/s | speedup vs hf-plain (median) | slowest case | vs own plain | first token ms | "
         "p50 ms | p95 ms | acceptance | tokens/forward | identical to hf-plain | prompt tokens reused |",

@@ -129,7 +129,7 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
         raise ModelLoadError(f"out of GPU memory while loading '{spec_text}'; try a smaller model or --device cpu") from exc
     except MemoryError as exc:
         raise ModelLoadError(f"out of memory while loading '{spec_text}'") from exc
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+    except Exception as exc:  # corrupted files surface as many types (SafetensorError, OSError, ...)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"could not load '{spec_text}': {first}") from exc
     model.to(dev).eval()
