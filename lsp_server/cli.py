@@ -156,7 +156,16 @@ def cmd_serve(args) -> int:
             raise DraftwiseError(f"refusing to listen on {host}: only loopback unless --allow-remote is given")
         tcp = (host, int(port))
     run(engine_config(args), tcp=tcp, allow_remote=args.allow_remote)
-    return 0
+    # The engine's worker thread can still be inside a torch kernel (a client that disconnected
+    # mid-generation). Interpreter finalization would then run C++ destructors under it and abort
+    # the process; the session is over, so leave without finalization.
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
 
 
 def cmd_bench(args) -> int:

@@ -6,12 +6,12 @@ Everything the server does is the real code (the CLI, `lsp_server.server.run`, t
 
 - a request `draftwiseTest/introspect` that reports what a leak would show as growth: asyncio tasks,
   threads, pygls' table of in-flight handler futures, the server's own task sets, the engine's jobs
-  and queue, and the Python heap (tracemalloc is not used: it slows everything down);
+  and queue, and the number of objects the garbage collector tracks;
 - a record of every completion request handed to the engine (document, path, context file paths, and
   whether a watched string appears in the context), for the workspace-boundary tests;
-- a request `draftwiseTest/armFaults` {"faults": "generate_oom:1"} that arms the engine's fault
-  injection switch once the model has loaded;
-- an audit hook that records every file or directory the process opens or lists under
+- DRAFTWISE_TEST_SLOW_ENGINE_IMPORT_S: importing the engine takes that much longer (a cold start),
+  to land client messages inside that window deterministically;
+- an audit hook that records every file or directory the process opens, lists or stats under
   $DRAFTWISE_TEST_WATCH_DIR, to prove the server never reads files outside the workspace.
 
 These live here, not in the server, because they exist only to observe it.
@@ -28,7 +28,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 INTROSPECT_REQUEST = "draftwiseTest/introspect"
-ARM_FAULTS_REQUEST = "draftwiseTest/armFaults"
 WATCH_DIR = os.environ.get("DRAFTWISE_TEST_WATCH_DIR")
 WATCH_TEXT = os.environ.get("DRAFTWISE_TEST_WATCH_TEXT")
 
@@ -48,8 +47,26 @@ def _audit(event: str, args: tuple) -> None:
         touched_watched_paths.append(f"{event} {path}")
 
 
+def _slow_engine_import(seconds: float) -> None:
+    """Make importing the engine (torch, transformers) take `seconds` longer, as on a cold disk."""
+    import importlib
+    import time
+
+    real_import_module = importlib.import_module
+
+    def import_module(name, package=None):
+        if name == "decoding.engine":
+            time.sleep(seconds)
+        return real_import_module(name, package)
+
+    importlib.import_module = import_module
+
+
 def _instrument() -> None:
     from lsp_server import engine_host, server as server_module
+
+    if os.environ.get("DRAFTWISE_TEST_SLOW_ENGINE_IMPORT_S"):
+        _slow_engine_import(float(os.environ["DRAFTWISE_TEST_SLOW_ENGINE_IMPORT_S"]))
 
     original_submit = engine_host.EngineHost.submit
 
@@ -86,16 +103,6 @@ def _instrument() -> None:
                 "touchedWatchedPaths": list(touched_watched_paths),
                 "engineRequests": list(engine_requests),
             }
-
-        @server.feature(ARM_FAULTS_REQUEST)
-        def arm_faults(ls, params):
-            # DRAFTWISE_FAULTS read at start would also trip while the model loads (its cost
-            # measurement runs target forwards); arming after the load reaches generation only.
-            from decoding import faults
-
-            os.environ["DRAFTWISE_FAULTS"] = params.faults
-            faults.reset()
-            return None
 
         return server
 

@@ -256,6 +256,11 @@ def run_storm(start_server, tiny_model_dir, places, n_requests: int, seed: int =
 
 
 def record(result: StormResult) -> None:
+    """Into the figures, unless a longer storm already is (the full storm outranks the quick one)."""
+    if result.unanswered:
+        FIGURES.add("hangs", len(result.unanswered))
+    if FIGURES.values.get("storm_requests", 0) > result.requests:
+        return
     mib = 1 << 20
     FIGURES.set("storm_requests", result.requests)
     FIGURES.set("storm_cancels", result.cancels)
@@ -272,8 +277,6 @@ def record(result: StormResult) -> None:
     FIGURES.set("storm_tasks_end", result.introspect_end["asyncioTasks"])
     FIGURES.set("storm_last_right", items_of(result.final_answer) == items_of(result.reference_answer)
                 and items_of(result.final_answer) is not None)
-    if result.unanswered:
-        FIGURES.add("hangs", len(result.unanswered))
 
 
 @pytest.fixture(scope="module")

@@ -113,24 +113,14 @@ def test_corrupted_safetensors_then_recovery(start_server, places, tiny_model_di
         server = start_server(["--target", str(broken)])
         server.initialize(workspace)
         server.wait_for_state()
-        assert_one_clear_message(server, "deserializing header")
+        error = assert_one_clear_message(server, "could not load")
+        assert str(broken) in error  # which model (a draft model can fail too)
         assert_keeps_serving(server, workspace, "corrupted")
         # Pointing the settings at a good model brings completions back, in the same session.
         assert reload_with(server, target=str(tiny_model_dir))["state"] == "ready"
         uri = (workspace / "corrupted.py").as_uri()
         assert engine_runs(server, uri, 3, 11)["stopped"] not in ("error", "")
         assert server.shutdown_and_exit() == 0
-
-
-@pytest.mark.xfail(strict=True, reason="safetensors' SafetensorError is not among the errors load_model turns "
-                   "into ModelLoadError (decoding/models/loading.py), so the message does not say which model")
-def test_corrupted_safetensors_message_names_the_model(start_server, places, tiny_model_dir, tmp_path):
-    workspace, _ = places
-    broken = corrupted_copy(tiny_model_dir, tmp_path)
-    server = start_server(["--target", str(broken)])
-    server.initialize(workspace)
-    server.wait_for_state()
-    assert str(broken) in assert_one_clear_message(server, "could not load")
 
 
 def make_part_wheel(folder: Path, package: str, version: str, index: int, data: bytes) -> None:
@@ -210,26 +200,13 @@ def out_of_memory_while_generating(server, workspace: Path, name: str) -> None:
 
 
 def test_out_of_memory_while_generating(start_server, places, tiny_model_dir):
-    """Armed once the model has loaded (through the test driver): see the xfail test below for why."""
     workspace, _ = places
     with injected("out of memory while generating"):
-        server = start_server(tiny_args(tiny_model_dir), instrumented=True)
+        server = start_server(tiny_args(tiny_model_dir), env={"DRAFTWISE_FAULTS": "generate_oom:1"})
         server.initialize(workspace)
-        assert server.wait_for_state()["state"] == "ready"
-        assert "result" in server.call("draftwiseTest/armFaults", {"faults": "generate_oom:1"})
+        assert server.wait_for_state()["state"] == "ready"  # the fault waits for a request
         out_of_memory_while_generating(server, workspace, "oom-generate")
         assert server.shutdown_and_exit() == 0
-
-
-@pytest.mark.xfail(strict=True, reason="DRAFTWISE_FAULTS=generate_oom trips in the load-time cost "
-                   "measurement forwards (decoding/runner.py ModelRunner.forward), so the load fails instead")
-def test_out_of_memory_while_generating_armed_at_start(start_server, places, tiny_model_dir):
-    workspace, _ = places
-    server = start_server(tiny_args(tiny_model_dir), env={"DRAFTWISE_FAULTS": "generate_oom:1"})
-    server.initialize(workspace)
-    assert server.wait_for_state()["state"] == "ready", server.stats()["error"]
-    out_of_memory_while_generating(server, workspace, "oom-generate-env")
-    assert server.shutdown_and_exit() == 0
 
 
 def test_draft_model_fails_while_the_target_loads(start_server, places, tiny_model_dir, tiny_draft_dir):
@@ -270,3 +247,24 @@ def test_client_disconnects_mid_generation(start_server, places, tiny_model_dir)
         assert code in (0, 1), server.log_text()[-3000:]
         assert took < 10, f"the server took {took:.1f} s to exit"
         assert "Traceback" not in server.log_text()
+
+
+@pytest.mark.xfail(strict=True, reason="shutdown while the engine is still being imported finds no engine to "
+                   "close (EngineHost.close), so the load goes on after shutdown; an exit during that load ends "
+                   "the process with the engine thread inside torch: 'terminate called without an active "
+                   "exception', SIGABRT")
+def test_shutdown_during_a_cold_start_loads_nothing_and_exits_cleanly(start_server, places, tiny_model_dir):
+    """The editor closes right after it opened: shutdown arrives while the engine is still being
+    imported (made slow here by the test driver, as torch's import is on a cold disk)."""
+    workspace, _ = places
+    server = start_server(tiny_args(tiny_model_dir), instrumented=True,
+                          env={"DRAFTWISE_TEST_SLOW_ENGINE_IMPORT_S": "2", "DRAFTWISE_TEST_FORWARD_DELAY_MS": "300"})
+    server.initialize(workspace)
+    assert "error" not in server.call("shutdown")
+    time.sleep(6)  # the import is over; a load that (wrongly) started is in its cost measurement
+    loaded_after_shutdown = "load: loading target" in server.log_text()
+    server.ending = True
+    server.notify("exit")
+    code = server.process.wait(timeout=60)
+    assert not loaded_after_shutdown, "a model load started after shutdown"
+    assert code == 0 and "terminate called" not in server.log_text(), server.log_text()[-2000:]

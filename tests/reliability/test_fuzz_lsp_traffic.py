@@ -132,9 +132,13 @@ def describe(messages: list[Outgoing]) -> str:
 
 
 def fuzz(run: FuzzRun, total_messages: int) -> None:
-    """Send at least total_messages generated messages, in batches, through hypothesis."""
-    examples = max(1, math.ceil(total_messages / (sum(BATCH) / 2)))
+    """Send at least total_messages generated messages, in batches, through hypothesis (in rounds
+    sized so that the last one overshoots by at most a few batches)."""
+    while run.sent < total_messages:
+        fuzz_round(run, max(1, math.ceil((total_messages - run.sent) / BATCH[1])))
 
+
+def fuzz_round(run: FuzzRun, examples: int) -> None:
     @settings(max_examples=examples, deadline=None, database=None, print_blob=True,
               # The server's state carries over between examples, so a shrunk example would not
               # replay the failure faithfully: report the failing batch as generated instead.
@@ -145,8 +149,7 @@ def fuzz(run: FuzzRun, total_messages: int) -> None:
         messages = data.draw(st.lists(run.messages(), min_size=BATCH[0], max_size=BATCH[1]), label="messages")
         run.run_batch(messages, data.draw(writes(messages), label="writes"))
 
-    while run.sent < total_messages:
-        batch()
+    batch()
 
 
 def start_initialized(start_server, tiny_model_dir, places):

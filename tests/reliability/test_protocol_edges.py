@@ -92,6 +92,7 @@ def test_exit_without_shutdown_exits_with_1(start_server, tiny_model_dir):
                    "(pygls drops None fields); JSON-RPC requires \"id\": null")
 def test_null_id_is_answered_with_a_null_id(start_server, tiny_model_dir, places):
     server = started(start_server, tiny_model_dir, places)
+    server.known_bug = True
     server.send(json.loads('{"jsonrpc": "2.0", "id": null, "method": "draftwise/nope", "params": {}}'))
     server.stats()
     time.sleep(0.5)
@@ -103,6 +104,7 @@ def test_null_id_is_answered_with_a_null_id(start_server, tiny_model_dir, places
                    "which is not JSON (pygls serializes with allow_nan); ids must be strings or integers")
 def test_an_infinite_id_does_not_put_invalid_json_on_stdout(start_server, tiny_model_dir, places):
     server = started(start_server, tiny_model_dir, places)
+    server.known_bug = True
     server.send_bytes(frame(b'{"jsonrpc": "2.0", "id": 1e400, "method": "draftwise/stats", "params": {}}'))
     server.stats()
     time.sleep(0.5)
@@ -162,6 +164,7 @@ def test_ten_megabyte_document_is_kept(start_server, tiny_model_dir, places):
     """Open, edit and read back a 10 MB document (no completion: see the test below)."""
     workspace, _ = places
     server = started(start_server, tiny_model_dir, places)
+    assert server.wait_for_state()["state"] == "ready"  # (shutdown mid-load has its own test)
     uri = (workspace / "big.py").as_uri()
     text = big_text(10_000_000)
     began = time.monotonic()
@@ -180,46 +183,40 @@ def test_ten_megabyte_document_is_kept(start_server, tiny_model_dir, places):
     assert server.shutdown_and_exit() == 0
 
 
-QUADRATIC_PROMPT = ("PromptBuilder._fit_suffix (decoding/prompt.py) drops one line at a time and tokenizes "
-                    "the whole remaining suffix each time, and _fit_prefix tokenizes the whole prefix: a "
-                    "20 KB suffix costs seconds, 80 KB minutes, 10 MB never ends, and the engine's only "
-                    "worker is stuck meanwhile")
-
-
-def completion_within(server, uri: str, line: int, character: int, seconds: float) -> dict:
-    began = time.monotonic()
+def complete_in_time(server, uri: str, line: int, character: int, seconds: float) -> None:
+    """A completion answered within `seconds`, by the engine (not an empty answer from an error)."""
+    before = server.stats()["requests"]
     answer = server.response(server.inline(uri, line, character), seconds)
-    assert "result" in answer
-    return {"seconds": time.monotonic() - began, "answer": answer}
+    assert "result" in answer, answer
+    assert server.stats()["requests"] == before + 1, "the engine did not complete the request"
 
 
-@pytest.mark.xfail(strict=True, reason=QUADRATIC_PROMPT)
+# The prompt keeps only the text near the cursor, so a file's size must not show in the time a
+# completion takes (a suffix fitted line by line once took minutes for 100 KB).
 def test_completion_near_the_top_of_a_100_kb_file(start_server, tiny_model_dir, places):
     workspace, _ = places
     server = started(start_server, tiny_model_dir, places, maxTokens=4)
     assert server.wait_for_state()["state"] == "ready"
     uri = (workspace / "long.py").as_uri()
     server.open(uri, big_text(100_000))
-    completion_within(server, uri, 3, 0, 10)
-    assert server.stats()["requests"] == 1
+    complete_in_time(server, uri, 3, 0, 10)
+    assert server.shutdown_and_exit() == 0
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=QUADRATIC_PROMPT)
 def test_completions_in_a_ten_megabyte_document(start_server, tiny_model_dir, places):
     workspace, _ = places
     server = started(start_server, tiny_model_dir, places, maxTokens=4)
     assert server.wait_for_state()["state"] == "ready"
     uri = (workspace / "huge.py").as_uri()
     server.open(uri, big_text(10_000_000))
-    for line in (0, 400_000, 749_999):
-        completion_within(server, uri, line, 2, 30)
-    assert server.stats()["requests"] == 3
+    for line in (0, 400_000, 749_999):  # top, middle, last line
+        complete_in_time(server, uri, line, 2, 30)
+    assert server.shutdown_and_exit() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="a lone surrogate anywhere in the prompt text (JSON \\ud800, which "
-                   "UTF-16 editors can send) makes the tokenizer raise TypeError: every completion in that "
-                   "document fails (empty answer, traceback in the log)")
+# A UTF-16 editor can hold half a surrogate pair and send it as JSON \ud800; the tokenizer cannot
+# take such a string, which once made every completion in the document fail.
 def test_a_lone_surrogate_does_not_disable_completions(start_server, tiny_model_dir, places):
     workspace, _ = places
     server = started(start_server, tiny_model_dir, places, maxTokens=4)
@@ -228,6 +225,5 @@ def test_a_lone_surrogate_does_not_disable_completions(start_server, tiny_model_
     text = "label = 'half an emoji: \ud83d'\n\ndef area(r):\n    return "
     server.send_bytes(frame(json.dumps({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {
         "textDocument": {"uri": uri, "languageId": "python", "version": 1, "text": text}}}).encode()))
-    answer = server.response(server.inline(uri, 3, 11), 60)
-    assert "result" in answer
-    assert server.stats()["requests"] == 1, "the engine did not complete the request"
+    complete_in_time(server, uri, 3, 11, 60)
+    assert server.shutdown_and_exit() == 0
