@@ -125,9 +125,11 @@ def engine_useful_tokens(result) -> int:
     return s.generated_tokens + (1 if s.stopped == "eos" else 0)
 
 
-def run_engine_mode(engine, case: Case, mode: str, max_tokens: int, tag: str) -> RunRecord:
+def run_engine_mode(engine, case: Case, mode: str, max_tokens: int, document: str) -> RunRecord:
+    """document: unique per run, so the suggestion memory of an earlier run (of this case, in any
+    mode or repeat) cannot draft this one."""
     _forget_caches(engine)
-    req = _request(case, mode, f"bench://{tag}/{mode}/{case.id}", max_tokens)
+    req = _request(case, mode, document, max_tokens)
     started = time.perf_counter()
     result = engine.complete(req)
     total_ms = (time.perf_counter() - started) * 1000
@@ -223,13 +225,15 @@ class Bench:
         return self.llama
 
     # ---- one case, one mode -----------------------------------------------------------------
-    def run_mode(self, case: Case, mode: str, prompt: list[int]) -> RunRecord:
+    def run_mode(self, case: Case, mode: str, prompt: list[int], run: str = "") -> RunRecord:
+        """run: what makes this run's document key unique among runs of the same case and mode."""
         from decoding.bench.hf_baselines import generate_timed
 
         e = self.engine
         try:
             if mode in ENGINE_MODES:
-                return run_engine_mode(e, case, mode, self.s.max_tokens, self.tag)
+                return run_engine_mode(e, case, mode, self.s.max_tokens,
+                                       f"bench://{self.tag}/{run}/{mode}/{case.id}")
             if mode in HF_MODES:
                 kw = {}
                 if mode == "hf-assisted":
@@ -257,7 +261,7 @@ class Bench:
         try:
             for m in ("none", "hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup"):
                 if m in modes:
-                    self.run_mode(case, m, prompt)
+                    self.run_mode(case, m, prompt, "warmup")
         finally:
             self.s.max_tokens = saved
 
@@ -269,7 +273,7 @@ class Bench:
                 self.progress(f"{mode} {case.language}:{case.kind}")
                 best = None
                 for rep in range(self.s.repeats):
-                    rec = self.run_mode(case, mode, prompt)
+                    rec = self.run_mode(case, mode, prompt, f"repeat{rep}")
                     # best of the repeats: noise on a shared machine only ever adds time
                     if best is None or (rec.ok and (not best.ok or rec.total_ms < best.total_ms)):
                         best = rec

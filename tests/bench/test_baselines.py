@@ -124,7 +124,7 @@ def test_small_benchmark_run_end_to_end(tiny_model_dir, tiny_draft_dir, tmp_path
     engine.load()
     try:
         settings = BenchSettings(max_tokens=12, modes=("hf-plain", "hf-lookup", "none", "lookup", "model", "auto"),
-                                 typing_cases=1, keystrokes=2, typing_prompt_tokens=120, cancel_tries=2)
+                                 typing_cases=1, keystrokes=2, typing_prompt_tokens=120, cancel_tries=2, repeats=2)
         steps = []
         bench = Bench(engine, _cases_from_text(tmp_path), settings, progress=steps.append,
                       target_spec=str(tiny_model_dir))
@@ -143,6 +143,8 @@ def test_small_benchmark_run_end_to_end(tiny_model_dir, tiny_draft_dir, tmp_path
         assert s["identical_rate"] == 1.0, name
         assert s["reused_prompt_tokens"] == 0, name  # mode comparison requests all start cold
     assert modes["model"]["drafted_by"].get("model", 0) > 0
+    # a repeat must not be drafted from the suggestion the engine remembered from the run before it
+    assert "suggestion" not in modes["auto"]["drafted_by"]
     assert modes["none"]["drafted_tokens"] in (None, 0)
     typing = data["typing"]
     assert typing["cold_ms"] > 0 and typing["warm_ms"] > 0
