@@ -155,7 +155,7 @@ def cmd_serve(args) -> int:
         if host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
             raise DraftwiseError(f"refusing to listen on {host}: only loopback unless --allow-remote is given")
         tcp = (host, int(port))
-    run(engine_config(args), tcp=tcp, allow_remote=args.allow_remote)
+    code = run(engine_config(args), tcp=tcp, allow_remote=args.allow_remote)
     # The engine's worker thread can still be inside a torch kernel (a client that disconnected
     # mid-generation). Interpreter finalization would then run C++ destructors under it and abort
     # the process; the session is over, so leave without finalization.
@@ -165,7 +165,7 @@ def cmd_serve(args) -> int:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(0)
+    os._exit(code)
 
 
 def cmd_bench(args) -> int:

@@ -39,6 +39,7 @@ class EngineHost:
         self.state = IDLE
         self.error: str | None = None
         self._engine: Engine | None = None
+        self._closed = False  # shut down: load nothing more
         self._load_lock = asyncio.Lock()
         # The newest job per document, with the document version it was made for.
         self._in_flight: dict[str, tuple[int, Job]] = {}
@@ -51,10 +52,13 @@ class EngineHost:
 
     async def configure(self, settings: Settings, progress: LoadProgress | None = None) -> bool | None:
         """Use these settings: loads the models the first time and whenever models or prompt budget
-        change. Returns whether a load it ran succeeded; None when nothing had to load. Failure is
-        recorded in state/error, never raised. Loads run one at a time, in the order asked."""
+        change, and again after a failed load (the user may have fixed what failed). Returns whether a
+        load it ran succeeded; None when nothing had to load. Failure is recorded in state/error,
+        never raised. Loads run one at a time, in the order asked."""
         async with self._load_lock:
-            needs_engine = self.state == IDLE or self.settings.needs_reload(settings)
+            if self._closed:
+                return None
+            needs_engine = self.state in (IDLE, FAILED) or self.settings.needs_reload(settings)
             self.settings = settings
             if not needs_engine:
                 return None
@@ -68,8 +72,6 @@ class EngineHost:
         started = time.monotonic()
         log.info("loading models: target=%s draft=%s device=%s dtype=%s",
                  config.target, config.draft, config.device, config.dtype)
-        if progress is not None:
-            await progress.begin(f"loading {config.target}")
 
         def on_progress(message: str, fraction: float | None) -> None:  # engine worker thread
             log.info("load: %s", message)
@@ -77,26 +79,36 @@ class EngineHost:
                 loop.call_soon_threadsafe(progress.report, message, fraction)
 
         try:
+            if progress is not None:
+                await progress.begin(f"loading {config.target}")
             # Importing the engine pulls in torch and transformers (seconds): off the event loop.
             engine_module = await loop.run_in_executor(None, importlib.import_module, "decoding.engine")
-            self._engine = engine_module.Engine(config)
-            await asyncio.wrap_future(self._engine.start_loading(on_progress))
+            if not self._closed:  # shutdown during the import: load nothing
+                self._engine = engine_module.Engine(config)
+                await asyncio.wrap_future(self._engine.start_loading(on_progress))
         except DraftwiseError as err:
             self._fail(str(err))
         except Exception as err:  # a bug or an unexpected library error: keep serving, say why
             log.exception("model load failed")
             self._fail(f"loading {config.target} failed: {type(err).__name__}: {err}")
         else:
-            self.state = READY
-            info = self._info()
-            log.info("models ready in %.1f s: target=%s draft=%s device=%s dtype=%s",
-                     time.monotonic() - started, info.get("target", config.target),
-                     info.get("draft", config.draft), info.get("device"), info.get("dtype"))
+            if self._closed:
+                log.info("models not loaded: the server shut down")
+            else:
+                self.state = READY
+                info = self._info()
+                log.info("models ready in %.1f s: target=%s draft=%s device=%s dtype=%s",
+                         time.monotonic() - started, info.get("target", config.target),
+                         info.get("draft", config.draft), info.get("device"), info.get("dtype"))
         if progress is not None:
-            progress.end("ready" if self.ready else f"failed: {self.error}")
+            progress.end("ready" if self.ready else "shut down" if self._closed else f"failed: {self.error}")
         return self.ready
 
     def _fail(self, why: str) -> None:
+        if self._closed:  # a load that a shutdown interrupted did not fail
+            self.state, self._engine = IDLE, None
+            log.info("model load stopped by shutdown (%s)", why)
+            return
         self.state, self.error = FAILED, why
         log.error("model load failed: %s", why)
         # A half-loaded engine may still hold memory; let it go (configure() loads a new one).
@@ -186,6 +198,7 @@ class EngineHost:
     async def close(self, wait_s: float = 2.0) -> None:
         """Stop the engine for shutdown, waiting at most wait_s: not behind the load lock, and not
         until a model load in progress finishes (the engine's thread is a daemon; exit ends it)."""
+        self._closed = True
         self.cancel_all()
         engine, self._engine = self._engine, None
         self.state = IDLE

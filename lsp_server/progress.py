@@ -21,7 +21,8 @@ class LoadProgress:
         self._percentage = 0
 
     def _client_supports_it(self) -> bool:
-        caps = self._server.client_capabilities
+        # Before initialize pygls has no client capabilities at all (the attribute is missing).
+        caps = getattr(self._server.protocol, "client_capabilities", None)
         return bool(caps and caps.window and caps.window.work_done_progress)
 
     async def begin(self, message: str) -> None:

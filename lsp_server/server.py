@@ -5,7 +5,6 @@ The logic lives elsewhere (see the package docstring); handlers only translate b
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import importlib.metadata
 import ipaddress
 import logging
@@ -13,11 +12,9 @@ import os
 import sys
 from typing import Any
 
-import cattrs
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol, lsp_method
 from pygls.uris import to_fs_path
 
 from decoding.api import EngineConfig
@@ -29,6 +26,7 @@ from lsp_server.config import KNOWN_KEYS, SECTION as SETTINGS_SECTION, Settings,
 from lsp_server.documents import DocumentStore
 from lsp_server.engine_host import EngineHost
 from lsp_server.progress import LoadProgress
+from lsp_server.protocol import DraftwiseProtocol, arrival_version
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +40,6 @@ def _server_version() -> str:
         return "dev"
 
 
-# Document version when a completion request arrived. Requests run as tasks that start a loop turn
-# later; a didChange read in between (possible when several messages arrive in one read) must make
-# the request stale rather than have its position read against newer text.
-arrival_version: contextvars.ContextVar[int | None] = contextvars.ContextVar("arrival_version", default=None)
-_COMPLETION_METHODS = (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION)
-
-
 def plain_json(value: Any) -> Any:
     """Params of custom requests as plain JSON values (pygls hands them over as namedtuples)."""
     if hasattr(value, "_asdict"):
@@ -56,53 +47,6 @@ def plain_json(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain_json(v) for v in value]
     return value
-
-
-class _Unreadable:
-    """A request whose params could not be read; it has been answered with InvalidParams."""
-
-
-class DraftwiseProtocol(LanguageServerProtocol):
-    def structure_message(self, data: dict[str, Any]):
-        try:
-            return super().structure_message(data)
-        except JsonRpcException as err:
-            if not ("id" in data and "method" in data):
-                raise
-            # pygls would log this and drop the request, leaving the client waiting for an answer.
-            cause = err.__cause__
-            detail = "; ".join(cattrs.transform_error(cause)) if isinstance(cause, cattrs.BaseValidationError) \
-                else str(cause or err)
-            log.warning("invalid params for %s: %s", data["method"], detail)
-            self._send_response(data["id"], error=JsonRpcInvalidParams(
-                f"invalid params for {data['method']}: {detail}").to_response_error())
-            return _Unreadable()
-
-    def handle_message(self, message):
-        if isinstance(message, _Unreadable):
-            return
-        super().handle_message(message)
-
-    # Document sync: our DocumentStore holds the text. pygls' own copy is skipped: it splits lines
-    # differently (see documents.py) and, clamping positions, edits the client's Position objects in
-    # place before our handler reads them.
-    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
-    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
-        yield self.fm.features[types.TEXT_DOCUMENT_DID_OPEN], (params,), None
-
-    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
-    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
-        yield self.fm.features[types.TEXT_DOCUMENT_DID_CHANGE], (params,), None
-
-    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
-    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
-        yield self.fm.features[types.TEXT_DOCUMENT_DID_CLOSE], (params,), None
-
-    def _handle_request(self, msg_id, method_name, params):
-        if method_name in _COMPLETION_METHODS:
-            doc = self._server.documents.get(params.text_document.uri)
-            arrival_version.set(doc.version if doc is not None else None)
-        super()._handle_request(msg_id, method_name, params)
 
 
 class DraftwiseServer(LanguageServer):
@@ -155,7 +99,7 @@ class DraftwiseServer(LanguageServer):
         self.spawn(self.configure_engine(self.settings))  # reloads only when the models change
 
     def client_serves_configuration(self) -> bool:
-        caps = self.client_capabilities
+        caps = getattr(self.protocol, "client_capabilities", None)
         return bool(caps and caps.workspace and caps.workspace.configuration)
 
     async def pull_configuration(self) -> None:
@@ -310,8 +254,11 @@ def _check_host(host: str, allow_remote: bool) -> None:
                          f"remote connections explicitly.")
 
 
-def run(config: EngineConfig, *, tcp: tuple[str, int] | None = None, allow_remote: bool = False) -> None:
-    """Serve LSP over stdio (tcp=None) or TCP until the client says exit."""
+def run(config: EngineConfig, *, tcp: tuple[str, int] | None = None, allow_remote: bool = False) -> int:
+    """Serve LSP over stdio (tcp=None) or TCP until the client says exit; the exit code LSP asks for
+    (0 after shutdown, 1 without)."""
+    from lsp_server.transport import serve_stdio, serve_tcp
+
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         # pygls logs every message body (whole documents) at INFO.
         logging.getLogger("pygls").setLevel(logging.WARNING)
@@ -319,6 +266,5 @@ def run(config: EngineConfig, *, tcp: tuple[str, int] | None = None, allow_remot
     if tcp is not None:
         host, port = tcp
         _check_host(host, allow_remote)
-        server.start_tcp(host, port)
-    else:
-        server.start_io(sys.stdin.buffer, _protocol_stdout())
+        return serve_tcp(server, host, port)
+    return serve_stdio(server, sys.stdin.buffer, _protocol_stdout())

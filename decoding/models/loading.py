@@ -130,6 +130,11 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
     except MemoryError as exc:
         raise ModelLoadError(f"out of memory while loading '{spec_text}'") from exc
     except Exception as exc:  # corrupted files surface as many types (SafetensorError, OSError, ...)
+        if not trust_remote_code and "trust_remote_code" in str(exc):
+            raise ModelLoadError(
+                f"'{spec_text}' needs to run code that ships with the model, which is off by default. Only "
+                "if you trust its author: start the server with --trust-remote-code (the setting cannot "
+                "be changed from the editor)") from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"could not load '{spec_text}': {first}") from exc
     model.to(dev).eval()

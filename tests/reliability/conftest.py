@@ -64,7 +64,6 @@ def start_server(tmp_path_factory) -> Callable[..., RawServer]:
         if server.crashed:
             FIGURES.add("crashes")
             print(f"server {server.pid} crashed; its log:\n{server.log_text()[-4000:]}", file=sys.stderr)
-        # Tests of known bugs (xfail) that make the server write non-protocol output count apart.
-        FIGURES.add("violations_known_bugs" if server.known_bug else "violations", len(server.books.violations))
+        FIGURES.add("violations", len(server.books.violations))
 
 

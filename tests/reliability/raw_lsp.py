@@ -97,7 +97,6 @@ class RawServer:
         self.answer_server_requests = answer_server_requests
         self.ending = False  # set once the test itself ends the session
         self.crashed = False
-        self.known_bug = False  # set by tests of known bugs that make the server misbehave on purpose
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._write_lock = threading.Lock()

@@ -336,14 +336,10 @@ def check_last_answer(r: StormResult) -> None:
 
 
 def check_futures_drained(r: StormResult) -> None:
-    # pygls keeps each notification's handler future in its table of in-flight requests and never
-    # removes it: one entry per keystroke, for the life of the session.
+    # pygls alone keeps each notification's handler future in its table of in-flight requests and
+    # never removes it: one entry per keystroke, for the life of the session.
     grown = r.introspect_end["requestFutures"] - r.introspect_start["requestFutures"]
     assert grown <= 1, f"pygls' in-flight table grew by {grown} entries over {r.requests} keystrokes"
-
-
-PYGLS_FUTURE_LEAK = ("pygls' JsonRPCProtocol._execute_handler stores each notification's handler future in "
-                     "_request_futures and only responses remove entries: one entry per keystroke, forever")
 
 
 def test_storm_every_request_answered_once(quick_storm):
@@ -362,7 +358,6 @@ def test_storm_last_request_gets_the_right_answer(quick_storm):
     check_last_answer(quick_storm)
 
 
-@pytest.mark.xfail(strict=True, reason=PYGLS_FUTURE_LEAK)
 def test_storm_leaves_no_handler_futures_behind(quick_storm):
     check_futures_drained(quick_storm)
 
@@ -376,6 +371,5 @@ def test_full_storm(full_storm):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=PYGLS_FUTURE_LEAK)
 def test_full_storm_leaves_no_handler_futures_behind(full_storm):
     check_futures_drained(full_storm)

@@ -58,19 +58,64 @@ def listening_addresses(pid: int, timeout: float = 120.0) -> set[str]:
     raise AssertionError("the server never listened")
 
 
+class TcpClient:
+    def __init__(self, port: int) -> None:
+        self.conn = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.data = b""
+
+    def send(self, message: dict) -> None:
+        self.conn.sendall(frame(encode(message)))
+
+    def receive(self) -> dict | None:
+        """The next message; None when the server closed the connection."""
+        while b"\r\n\r\n" not in self.data:
+            chunk = self.conn.recv(65536)
+            if not chunk:
+                return None
+            self.data += chunk
+        header, _, rest = self.data.partition(b"\r\n\r\n")
+        length = int(header.split(b"Content-Length:")[1].split(b"\r\n")[0])
+        while len(rest) < length:
+            rest += self.conn.recv(65536)
+        self.data = rest[length:]
+        return json.loads(rest[:length])
+
+    def call(self, msg_id: int, method: str, params) -> dict:
+        self.send({"jsonrpc": "2.0", "id": msg_id, "method": method, "params": params})
+        while (message := self.receive()) is not None:
+            if message.get("id") == msg_id and "method" not in message:
+                return message
+        raise AssertionError(f"the connection closed before the answer to {method}")
+
+
 def lsp_over_tcp(port: int) -> dict:
     """initialize over a TCP connection; returns the answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
-        conn.sendall(frame(encode({"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                                   "params": {"processId": None, "rootUri": None, "capabilities": {}}})))
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += conn.recv(65536)
-        header, _, body = data.partition(b"\r\n\r\n")
-        length = int(header.split(b"Content-Length:")[1].split(b"\r\n")[0])
-        while len(body) < length:
-            body += conn.recv(65536)
-        return json.loads(body[:length])
+    client = TcpClient(port)
+    try:
+        return client.call(1, "initialize", {"processId": None, "rootUri": None, "capabilities": {}})
+    finally:
+        client.conn.close()
+
+
+def test_a_tcp_session_runs_from_initialize_to_exit(tiny_model_dir):
+    port = free_port()
+    server = subprocess.Popen([*SERVE, *tiny_args(tiny_model_dir), "--tcp", f"127.0.0.1:{port}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=serve_env())
+    try:
+        listening_addresses(server.pid)
+        client = TcpClient(port)
+        assert "result" in client.call(1, "initialize", {"processId": None, "rootUri": None, "capabilities": {}})
+        client.send({"jsonrpc": "2.0", "method": "initialized", "params": {}})
+        second = TcpClient(port)  # one session per server, as over stdio
+        assert second.receive() is None
+        assert client.call(2, "draftwise/stats", {})["result"]["openDocuments"] == 0
+        assert "result" in client.call(3, "shutdown", None)
+        client.send({"jsonrpc": "2.0", "method": "exit"})
+        assert server.wait(timeout=60) == 0
+        assert server.stdout.read() == b""
+    finally:
+        server.kill()
+        server.wait(timeout=30)
 
 
 @pytest.mark.parametrize("where", ["127.0.0.1:{port}", ":{port}"])
@@ -169,7 +214,7 @@ def test_model_code_runs_only_when_opted_in(opt_in, start_server, places, tiny_m
     if opt_in:
         assert marker.exists(), "the switch did not let the model's code run: this test proves nothing"
     else:
-        assert stats["state"] == "failed" and "custom code" in stats["error"], stats["error"]
+        assert stats["state"] == "failed" and "--trust-remote-code" in stats["error"], stats["error"]
         assert not marker.exists(), "the model's own code ran without --trust-remote-code"
         assert "ignoring unknown draftwise settings" in server.log_text()
     assert server.shutdown_and_exit() == 0
