@@ -119,11 +119,24 @@ class Plan:
 
 
 class CostModel:
-    def __init__(self, target: ForwardTimes, draft_step_s: float | None = None, max_draft: int = 16):
+    def __init__(self, target: ForwardTimes, draft_step_s: float | None = None, max_draft: int = 16,
+                 draft_prefill_s: float | None = None):
         self.t = target
-        self.draft_step_s = draft_step_s
+        self.draft_step_s = draft_step_s  # one draft-model token
+        self.draft_prefill_s = draft_prefill_s  # one prompt token read by the draft model (in a chunk)
         self.max_draft = max_draft
         self.acceptance = Acceptance()
+
+    def observe_draft_step(self, seconds: float, weight: float = 0.1) -> None:
+        """A drafted token's measured cost: at load the draft model is timed on a short context."""
+        self.draft_step_s = seconds if not self.draft_step_s else (1 - weight) * self.draft_step_s + weight * seconds
+
+    @staticmethod
+    def amortized_rate(rate: float, tokens: int, upfront_s: float) -> float:
+        """Tokens per second over `tokens` tokens at `rate`, after `upfront_s` spent before the first."""
+        if upfront_s <= 0 or tokens <= 0:
+            return rate
+        return tokens / (upfront_s + tokens / rate)
 
     @property
     def plain_rate(self) -> float:
@@ -154,6 +167,7 @@ class CostModel:
         return {
             "target_forward_ms": {n: round(s * 1000, 1) for n, s in sorted(self.t.by_tokens.items())},
             "draft_step_ms": round(self.draft_step_s * 1000, 1) if self.draft_step_s else None,
+            "draft_prefill_ms_per_token": round(self.draft_prefill_s * 1000, 2) if self.draft_prefill_s else None,
             "verify8_over_decode": round(self.t(8) / self.t(1), 2),
             "acceptance": {k: round(self.acceptance.alpha(k), 3) for k in sorted(self.acceptance.lifetime)},
         }

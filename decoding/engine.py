@@ -186,6 +186,8 @@ class Engine:
                 return
             runner = ModelRunner(draft, budget // 2, role="draft")
             self.cost.draft_step_s = measure_forward_times(runner, sizes=(1, 2), repeats=3).by_tokens[1]
+            prefill = measure_forward_times(runner, sizes=(64, 128), repeats=1)
+            self.cost.draft_prefill_s = prefill(128) / 128
             pays = self.cost.model_pays()
             if not pays and cfg.drafter == "auto":
                 self.draft_note = (f"unloaded: a draft step costs {self.cost.draft_step_s / self.cost.t(1):.2f} "
@@ -193,7 +195,11 @@ class Engine:
                 log.info("draft model %s %s", cfg.draft, self.draft_note)
                 return
             self.draft = draft
-            self.draft_note = "pays" if pays else "kept because --drafter model asks for it; it does not pay here"
+            ratio = self.cost.draft_step_s / self.cost.t(1)
+            self.draft_note = (
+                f"pays per step (a drafted token costs {ratio:.2f} target steps); `auto` uses it only when "
+                f"that also pays for reading the prompt first ({self.cost.draft_prefill_s * 1000:.1f} ms a token)"
+                if pays else "kept because --drafter model asks for it; it does not pay here")
             self.drafters["model"] = ModelDrafter(runner)
         except DraftwiseError as exc:
             # The target alone still serves completions; say why the draft is missing.
@@ -309,10 +315,10 @@ class Engine:
             stats.reused_prompt_tokens = runner.start(prompt, req.document)
             runner.sync(seq, cancel)
             stats.prefill_ms = (time.perf_counter() - started) * 1000
-            policy.begin(DraftContext(prompt, req.prefix, req.suffix, req.document, sampler))
+            policy.begin(DraftContext(prompt, req.prefix, req.suffix, req.document, sampler, cancel))
             try:
-                if "model" in policy.drafters:  # the draft model catches up on the prompt now, once
-                    policy.drafters["model"].runner.sync(seq, cancel)
+                # The draft model reads the prompt when it first drafts, if the policy lets it: on a
+                # CPU that reading can cost more than its drafts save (see DraftPolicy).
                 if faults.trip("generate_oom"):
                     raise MemoryError("injected fault: out of memory while generating")
                 generated = speculative_decode(runner, seq, policy, sampler, finish, cancel, stats, started)

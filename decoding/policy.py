@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from decoding.api import RequestStats
-from decoding.cost_model import CostModel
+from decoding.cost_model import MIN_GAIN, CostModel, Plan
 from decoding.drafters.base import Draft, DraftContext, Drafter
 
 
@@ -37,6 +37,8 @@ class DraftPolicy:
         for name, drafter in self.drafters.items():
             if name == "model":
                 plan = self.cost.plan(name, "model", room - 1, self.cost.draft_step_s or 0.0)
+                if plan.k and self.mode == "auto":
+                    plan = self._with_catch_up(plan, drafter, seq, room)
             else:
                 n = drafter.available(seq)
                 if n <= 0:
@@ -57,11 +59,25 @@ class DraftPolicy:
             self.stats.drafted_by[draft.source] = self.stats.drafted_by.get(draft.source, 0) + len(draft)
         return draft
 
+    def _with_catch_up(self, plan: Plan, drafter: Drafter, seq: list[int], room: int) -> Plan:
+        """Before its first draft the model must read what its cache lacks: on a cold request the
+        whole prompt. On a CPU that can cost more than drafting saves over the rest of the request
+        (a 0.5B reading 1,000 tokens takes seconds); on a GPU it is milliseconds."""
+        catch_up = drafter.catch_up_tokens(seq) if hasattr(drafter, "catch_up_tokens") else 0
+        if not catch_up or not self.cost.draft_prefill_s:
+            return plan
+        plan.rate = self.cost.amortized_rate(plan.rate, room, catch_up * self.cost.draft_prefill_s)
+        if plan.rate < self.cost.plain_rate * MIN_GAIN:
+            return Plan("none", 0, self.cost.plain_rate)
+        return plan
+
     def observe(self, draft: Draft | None, accepted: int, forward_s: float) -> None:
         """After a verify forward: keep forward costs and acceptance estimates current."""
         self.cost.t.observe(len(draft) + 1 if draft else 1, forward_s)
         if not draft or not draft.tokens:
             return
         self.cost.acceptance.record(draft.key, len(draft), accepted)
+        if draft.source == "model" and draft.cost_s:
+            self.cost.observe_draft_step(draft.cost_s / len(draft))
         self.stats.accepted_tokens += accepted
         self.stats.accepted_by[draft.source] = self.stats.accepted_by.get(draft.source, 0) + accepted

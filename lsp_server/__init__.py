@@ -2,6 +2,8 @@
 
 Where things live:
 - `server.py`       the pygls server: capabilities and one short handler per LSP method
+- `protocol.py`     the JSON-RPC envelope and the LSP life cycle, where pygls leaves them out
+- `transport.py`    reading framed messages off stdio or TCP; exit codes
 - `completions.py`  what a completion request does, from cursor to item
 - `engine_host.py`  owns the engine: background load with progress, submit/cancel, staleness, stats
 - `documents.py`    open documents, position encodings (utf-8/16/32), context from other files

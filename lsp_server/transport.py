@@ -57,9 +57,10 @@ async def read_bodies(reader: Reader) -> AsyncIterator[bytes]:
                     break
                 continue  # blank lines between messages
             header_seen = True
-            if found is not None and found.start() == 0:
+            if found is not None and not line[:found.start()].strip():
                 value = found.group(1).strip()
-                length = int(value) if value.isdigit() and int(value) <= MAX_MESSAGE_BYTES else None
+                usable = value.isdigit() and len(value) <= 12 and int(value) <= MAX_MESSAGE_BYTES
+                length = int(value) if usable else None
                 if length is None:
                     log.warning("unusable header %r; skipping to the next message", line[:80])
         if length is None:
@@ -80,7 +81,7 @@ def _reject_constant(name: str):
 def parse(body: bytes, protocol: DraftwiseProtocol) -> None:
     try:
         data = json.loads(body, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError; nesting too deep
         log.warning("unparsable message (%d bytes): %s", len(body), err)
         protocol.send_error(None, JsonRpcParseError(f"Parse error: {err}"))
         return

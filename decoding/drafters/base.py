@@ -26,6 +26,7 @@ class DraftContext:
     suffix: str
     document: str
     sampling: Any = None  # decoding.sampling.Sampler (the model drafter warps its logits the same way)
+    cancel: Any = None  # decoding.api.CancelToken: a drafter that runs a model checks it between chunks
     extra: dict = field(default_factory=dict)
 
 

@@ -21,10 +21,12 @@ class ModelDrafter(Drafter):
         self.runner = runner
         self.confidence = confidence
         self.sampler = None
+        self.cancel = None
         self.active = False
 
     def begin(self, ctx: DraftContext) -> None:
         self.sampler = ctx.sampling
+        self.cancel = ctx.cancel
         self.runner.start(ctx.prompt_ids, ctx.document)
         self.active = True
 
@@ -41,8 +43,8 @@ class ModelDrafter(Drafter):
     def propose(self, seq: list[int], k: int) -> Draft | None:
         if k <= 0:
             return None
-        t0 = time.perf_counter()
-        self.runner.sync(seq)
+        self.runner.sync(seq, self.cancel)  # catch up on what the cache lacks (Cancelled between chunks)
+        t0 = time.perf_counter()  # the drafting steps; the catch-up above is costed apart
         tokens: list[int] = []
         probs = []
         last = seq[-1]

@@ -1,0 +1,112 @@
+"""The cost model and the per-step policy, on forward-time tables shaped like a CPU and like a GPU.
+
+The times are made up (the real ones are measured at load); what is tested is the decision each
+table leads to, which is what makes `auto` fast on one device and harmless on another.
+"""
+from __future__ import annotations
+
+import pytest
+
+from decoding.api import RequestStats
+from decoding.cost_model import CostModel, ForwardTimes, expected_tokens
+from decoding.drafters.base import Draft, DraftContext, Drafter
+from decoding.policy import DraftPolicy
+
+# Seconds per target forward by number of tokens fed.
+CPU = {1: 0.30, 2: 0.34, 4: 0.47, 8: 0.67, 12: 0.82, 16: 0.89, 17: 0.90}  # a 1.5B on 2 cores
+GPU = {1: 0.020, 2: 0.020, 4: 0.021, 8: 0.021, 12: 0.022, 16: 0.022, 17: 0.023}
+
+
+def cost(table, **kw) -> CostModel:
+    return CostModel(ForwardTimes(dict(table)), **kw)
+
+
+def test_expected_tokens_counts_the_targets_own_token():
+    assert expected_tokens(0.0, 8) == 1.0
+    assert expected_tokens(1.0, 8) == 9.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_long_drafts_on_a_gpu_short_ones_or_none_on_a_cpu():
+    k_gpu, _ = cost(GPU).best_k(0.8, 16)
+    k_cpu, _ = cost(CPU).best_k(0.8, 16)
+    assert k_gpu >= 8 and 1 <= k_cpu < k_gpu
+    assert cost(CPU).best_k(0.1, 16)[0] == 0  # mostly wrong guesses: plain decoding is faster
+
+
+def test_a_plan_that_does_not_beat_plain_decoding_drafts_nothing():
+    model = cost(CPU)
+    model.acceptance.lifetime["weak"] = [1.0, 50.0]
+    assert model.plan("lookup", "weak", 16).k == 0
+    assert model.plan("lookup", "suggestion", 16).k > 0  # prior: suggestions are usually right
+
+
+def test_a_slow_draft_model_does_not_pay_and_a_fast_one_does():
+    assert not cost(CPU, draft_step_s=0.25).model_pays()
+    assert cost(CPU, draft_step_s=0.09).model_pays()
+    assert cost(GPU, draft_step_s=0.004).model_pays()
+
+
+def test_measured_draft_steps_move_the_estimate():
+    model = cost(CPU, draft_step_s=0.09)
+    for _ in range(50):
+        model.observe_draft_step(0.2)
+    assert model.draft_step_s == pytest.approx(0.2, rel=0.02)
+
+
+def test_amortized_rate():
+    assert CostModel.amortized_rate(10.0, 20, 0.0) == 10.0
+    assert CostModel.amortized_rate(10.0, 20, 2.0) == pytest.approx(5.0)
+
+
+class FakeModelDrafter(Drafter):
+    """Stands in for the draft model: what matters to the policy is its catch-up and its answer."""
+
+    name = "model"
+
+    def __init__(self, catch_up: int):
+        self.catch_up = catch_up
+
+    def catch_up_tokens(self, seq):
+        return self.catch_up
+
+    def available(self, seq):
+        return 1 << 10
+
+    def propose(self, seq, k):
+        return Draft([7] * k, self.name, key="model")
+
+
+def policy(table, drafter, mode="auto", **kw) -> DraftPolicy:
+    p = DraftPolicy(mode, {"model": drafter}, cost(table, **kw), RequestStats())
+    p.begin(DraftContext(prompt_ids=[1, 2, 3], prefix="", suffix="", document="d"))
+    return p
+
+
+# 1,000 prompt tokens for the draft model to read first; a 0.5B on a CPU reads one in ~3 ms.
+def test_auto_leaves_the_draft_model_out_when_catching_up_costs_more_than_it_saves():
+    p = policy(CPU, FakeModelDrafter(catch_up=1000), draft_step_s=0.09, draft_prefill_s=0.003)
+    assert p.propose([1, 2, 3], room=48) is None
+    assert p.stats.decisions == {"none": 1}
+
+
+def test_auto_uses_the_draft_model_once_its_cache_holds_the_prompt():
+    p = policy(CPU, FakeModelDrafter(catch_up=2), draft_step_s=0.09, draft_prefill_s=0.003)
+    draft = p.propose([1, 2, 3], room=48)
+    assert draft is not None and draft.source == "model" and len(draft) >= 1
+
+
+def test_a_long_completion_can_pay_for_the_catch_up():
+    p = policy(CPU, FakeModelDrafter(catch_up=1000), draft_step_s=0.09, draft_prefill_s=0.003)
+    assert p.propose([1, 2, 3], room=2000) is not None
+
+
+def test_on_a_gpu_the_catch_up_is_cheap_and_the_model_drafts():
+    p = policy(GPU, FakeModelDrafter(catch_up=1000), draft_step_s=0.004, draft_prefill_s=0.00002)
+    draft = p.propose([1, 2, 3], room=48)
+    assert draft is not None and len(draft) >= 2
+
+
+def test_a_named_drafter_drafts_whatever_it_costs():
+    p = policy(CPU, FakeModelDrafter(catch_up=1000), mode="model", draft_step_s=0.09, draft_prefill_s=0.003)
+    assert p.propose([1, 2, 3], room=48) is not None
