@@ -63,7 +63,7 @@ class DraftPolicy:
         """Before its first draft the model must read what its cache lacks: on a cold request the
         whole prompt. On a CPU that can cost more than drafting saves over the rest of the request
         (a 0.5B reading 1,000 tokens takes seconds); on a GPU it is milliseconds."""
-        catch_up = drafter.catch_up_tokens(seq) if hasattr(drafter, "catch_up_tokens") else 0
+        catch_up = drafter.catch_up_tokens(seq)
         if not catch_up or not self.cost.draft_prefill_s:
             return plan
         plan.rate = self.cost.amortized_rate(plan.rate, room, catch_up * self.cost.draft_prefill_s)

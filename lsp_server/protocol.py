@@ -106,32 +106,25 @@ class DraftwiseProtocol(LanguageServerProtocol):
 
     def _in_session(self, data: dict[str, Any], method: str, is_request: bool) -> bool:
         """The life cycle check: whether this message may be handled now; answers it if not."""
-        if method == types.INITIALIZE and is_request:
-            if self.initialize_received:
-                self.send_error(data["id"], JsonRpcInvalidRequest("initialize may only be sent once"))
-                return False
-            if self.shutdown_received:
-                self.send_error(data["id"], JsonRpcInvalidRequest("the server has been shut down"))
-                return False
+        initialize = method == types.INITIALIZE and is_request
+        if initialize and not self.initialize_received:
             self.initialize_received = True
             return True
-        if not self.initialize_received:
-            if is_request:
-                self.send_error(data["id"], JsonRpcServerNotInitialized(
-                    f"{method}: the server is not initialized (send initialize first)"))
-            else:
-                log.info("dropped %s: it came before initialize", method)
-            return False
-        if self.shutdown_received:
-            if is_request:
-                self.send_error(data["id"], JsonRpcInvalidRequest(
-                    f"{method}: the server has been shut down (only exit is accepted)"))
-            else:
-                log.info("dropped %s: it came after shutdown", method)
-            return False
-        if method == types.SHUTDOWN and is_request:
-            self.shutdown_received = True
-        return True
+        if initialize:
+            refusal = JsonRpcInvalidRequest("initialize may only be sent once")
+        elif not self.initialize_received:
+            refusal = JsonRpcServerNotInitialized(f"{method}: the server is not initialized (send initialize first)")
+        elif self.shutdown_received:
+            refusal = JsonRpcInvalidRequest(f"{method}: the server has been shut down (only exit is accepted)")
+        else:
+            if method == types.SHUTDOWN and is_request:
+                self.shutdown_received = True
+            return True
+        if is_request:
+            self.send_error(data["id"], refusal)
+        else:
+            log.info("dropped a notification: %s", refusal.message)
+        return False
 
     def _receive_response(self, data: dict[str, Any]) -> None:
         """An answer to a request the server sent (workspace/configuration, progress tokens)."""

@@ -86,3 +86,26 @@ def test_job_is_awaitable_from_asyncio(engine):
         return await engine.submit(CompletionRequest(document="aio", **dict(LONG, max_tokens=4)))
 
     assert asyncio.run(main()).stats.generated_tokens == 4
+
+
+def test_a_cancel_stops_the_draft_models_catch_up_between_chunks(tiny_model_dir, tiny_draft_dir):
+    """The draft model reads the prompt when it first drafts; a cancel must not wait for all of it."""
+    from decoding.runner import PREFILL_CHUNK
+
+    e = Engine(EngineConfig(target=str(tiny_model_dir), draft=str(tiny_draft_dir), drafter="model"))
+    e.load()
+    try:
+        draft_runner = e.drafters["model"].runner
+        long_prompt = dict(prefix="x = [i * i for i in range(100)]\n" * 200, suffix="", scope="full", max_tokens=40)
+        job = e.submit(CompletionRequest(document="catch-up", **long_prompt))
+        before = draft_runner.forwards
+        draft_runner.on_forward = job.cancel  # cancelled during the first chunk of the catch-up
+        result = job.result(timeout=120)
+        draft_runner.on_forward = None
+        assert result.stats.stopped == "cancelled"
+        assert result.stats.prompt_tokens > PREFILL_CHUNK + 1  # so the catch-up had a chunk to skip
+        assert draft_runner.forwards - before == 1
+        # The engine goes on: the same request, uncancelled, completes.
+        assert e.complete(CompletionRequest(document="catch-up", **long_prompt)).stats.stopped != "cancelled"
+    finally:
+        e.close()
