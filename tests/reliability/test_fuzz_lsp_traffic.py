@@ -191,24 +191,21 @@ def test_fuzz_before_initialize(start_server, tiny_model_dir, places):
     assert_no_internal_errors(run)
 
 
-def test_fuzz_initialized_quick(start_server, tiny_model_dir, places):
+def fuzz_initialized_session(start_server, tiny_model_dir, places, messages: int) -> None:
     server = start_initialized(start_server, tiny_model_dir, places)
     run = FuzzRun(server, Places(*places))
     started = time.monotonic()
-    fuzz(run, QUICK_FUZZ_MESSAGES)
+    fuzz(run, messages)
     record_error_codes(run)
     FIGURES.add("fuzz_seconds", int(time.monotonic() - started))
     session_ends_cleanly(server)
     assert_no_internal_errors(run)
+
+
+def test_fuzz_initialized_quick(start_server, tiny_model_dir, places):
+    fuzz_initialized_session(start_server, tiny_model_dir, places, QUICK_FUZZ_MESSAGES)
 
 
 @pytest.mark.slow
 def test_fuzz_initialized_full(start_server, tiny_model_dir, places):
-    server = start_initialized(start_server, tiny_model_dir, places)
-    run = FuzzRun(server, Places(*places))
-    started = time.monotonic()
-    fuzz(run, FULL_FUZZ_MESSAGES)
-    record_error_codes(run)
-    FIGURES.add("fuzz_seconds", int(time.monotonic() - started))
-    session_ends_cleanly(server)
-    assert_no_internal_errors(run)
+    fuzz_initialized_session(start_server, tiny_model_dir, places, FULL_FUZZ_MESSAGES)

@@ -96,6 +96,17 @@ def test_exit_without_shutdown_exits_with_1(start_server, tiny_model_dir):
     assert server.process.wait(timeout=60) == 1
 
 
+@pytest.mark.parametrize("shut_down", [True, False], ids=["after-shutdown", "without-shutdown"])
+def test_a_client_that_closes_the_connection_gets_the_exit_code_of_exit(start_server, tiny_model_dir, places,
+                                                                         shut_down):
+    server = started(start_server, tiny_model_dir, places)
+    if shut_down:
+        assert "error" not in server.call("shutdown")
+    server.ending = True
+    server.process.stdin.close()
+    assert server.process.wait(timeout=60) == (0 if shut_down else 1)
+
+
 # ---- JSON-RPC envelopes --------------------------------------------------------------------------
 
 def test_null_id_is_answered_with_a_null_id(start_server, tiny_model_dir, places):
@@ -237,23 +248,25 @@ def complete_in_time(server, uri: str, line: int, character: int, seconds: float
 
 # The prompt keeps only the text near the cursor, so a file's size must not show in the time a
 # completion takes (a suffix fitted line by line once took minutes for 100 KB).
-def test_completion_near_the_top_of_a_100_kb_file(start_server, tiny_model_dir, places):
+def ready_with_document(start_server, tiny_model_dir, places, name: str, size: int):
+    """A ready server (4-token completions) with a document of `size` characters open; (server, uri)."""
     workspace, _ = places
     server = started(start_server, tiny_model_dir, places, maxTokens=4)
     assert server.wait_for_state()["state"] == "ready"
-    uri = (workspace / "long.py").as_uri()
-    server.open(uri, big_text(100_000))
+    uri = (workspace / name).as_uri()
+    server.open(uri, big_text(size))
+    return server, uri
+
+
+def test_completion_near_the_top_of_a_100_kb_file(start_server, tiny_model_dir, places):
+    server, uri = ready_with_document(start_server, tiny_model_dir, places, "long.py", 100_000)
     complete_in_time(server, uri, 3, 0, 10)
     assert server.shutdown_and_exit() == 0
 
 
 @pytest.mark.slow
 def test_completions_in_a_ten_megabyte_document(start_server, tiny_model_dir, places):
-    workspace, _ = places
-    server = started(start_server, tiny_model_dir, places, maxTokens=4)
-    assert server.wait_for_state()["state"] == "ready"
-    uri = (workspace / "huge.py").as_uri()
-    server.open(uri, big_text(10_000_000))
+    server, uri = ready_with_document(start_server, tiny_model_dir, places, "huge.py", 10_000_000)
     for line in (0, 400_000, 749_999):  # top, middle, last line
         complete_in_time(server, uri, line, 2, 30)
     assert server.shutdown_and_exit() == 0
