@@ -12,6 +12,7 @@ from typing import Sequence
 
 DRAFTERS = ("none", "lookup", "model", "suggestion", "auto")
 SCOPES = ("auto", "line", "block", "full")
+WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8", "int4")  # decoding.models.weights implements them
 STOP_REASONS = ("eos", "max_tokens", "stop_rule", "time_limit", "cancelled", "error")
 
 
@@ -113,7 +114,9 @@ class EngineConfig:
     drafter: str = "auto"  # default drafter mode, one of DRAFTERS
     max_tokens: int = 64
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (the compute dtype when weights is auto)
+    weights: str = "auto"  # target weight format: auto | fp32 | bf16 | int8 | int4 (decoding.models.weights)
+    draft_weights: str = "auto"  # the draft model's; auto picks the fastest (the output stays the target's)
     context_tokens: int = 1536  # prompt budget: prefix + suffix + other files
     cache_mb: int = 512  # bound on KV memory kept for reuse across requests
     trust_remote_code: bool = False

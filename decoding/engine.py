@@ -75,6 +75,8 @@ class Engine:
         self.target = None  # LoadedModel
         self.draft = None  # LoadedModel, when a draft model is loaded
         self.draft_note = ""  # why the draft model is (not) used
+        self.weights = None  # WeightsChoice of the target
+        self.draft_weights = None  # WeightsChoice of the draft model
         self.cost = None
         self.prompts = None  # PromptBuilder, once the tokenizer is loaded
         self._queue: queue.Queue = queue.Queue()
@@ -143,7 +145,7 @@ class Engine:
         from decoding.drafters.draft_model import ModelDrafter
         from decoding.drafters.lookup import LookupDrafter
         from decoding.drafters.suggestion import SuggestionDrafter, SuggestionMemory
-        from decoding.models.loading import load_model
+        from decoding.models.weight_choice import load_weights
         from decoding.prompt import PromptBuilder, end_token_ids
         from decoding.runner import ModelRunner
 
@@ -151,7 +153,8 @@ class Engine:
         cfg = self.config
         budget = cfg.cache_mb * 1024 * 1024
         progress(f"loading target {cfg.target}", 0.05)
-        self.target = load_model(cfg.target, cfg.device, cfg.dtype, cfg.trust_remote_code)
+        self.target, self.weights = load_weights(cfg.target, cfg.weights, cfg.device, cfg.dtype,
+                                                 cfg.trust_remote_code, "target")
         self.tokenizer = self.target.tokenizer
         self.prompts = PromptBuilder(self.tokenizer, cfg.context_tokens)
         self.end_ids = end_token_ids(self.tokenizer, self.prompts.template)
@@ -162,12 +165,13 @@ class Engine:
         self.drafters = {"lookup": LookupDrafter(), "suggestion": SuggestionDrafter(self.memory, self.tokenizer)}
         if cfg.draft and cfg.draft != "none":
             progress(f"loading draft {cfg.draft}", 0.6)
-            self._load_draft(load_model, ModelRunner, ModelDrafter, measure_forward_times, budget)
+            self._load_draft(load_weights, ModelRunner, ModelDrafter, measure_forward_times, budget)
         progress("ready", 1.0)
-        log.info("engine ready: target=%s draft=%s device=%s dtype=%s cost=%s", self.target.name,
-                 self.draft.name if self.draft else None, self.target.device, self.target.dtype, self.cost.summary())
+        log.info("engine ready: target=%s draft=%s device=%s weights=%s (%s) cost=%s", self.target.name,
+                 self.draft.name if self.draft else None, self.target.device, self.target.weights,
+                 self.weights.reason, self.cost.summary())
 
-    def _load_draft(self, load_model, ModelRunner, ModelDrafter, measure_forward_times, budget) -> None:
+    def _load_draft(self, load_weights, ModelRunner, ModelDrafter, measure_forward_times, budget) -> None:
         cfg = self.config
         try:
             from decoding.models.specs import parse_model_spec
@@ -179,7 +183,8 @@ class Engine:
                 self.draft_note = f"not loaded: needs ~{need >> 20} MiB, {free >> 20} MiB free"
                 log.warning("draft model %s %s", spec.value, self.draft_note)
                 return
-            draft = load_model(cfg.draft, cfg.device, cfg.dtype, cfg.trust_remote_code, role="draft")
+            draft, self.draft_weights = load_weights(cfg.draft, cfg.draft_weights, cfg.device, cfg.dtype,
+                                                     cfg.trust_remote_code, "draft")
             if draft.tokenizer.get_vocab() != self.tokenizer.get_vocab():
                 self.draft_note = "not used: its tokenizer differs from the target's"
                 log.warning("draft model %s %s", cfg.draft, self.draft_note)
@@ -392,6 +397,10 @@ class Engine:
             "draft_loaded": self.draft is not None, "draft_note": self.draft_note,
             "drafter": self.config.drafter, "device": str(t.device) if t else self.config.device,
             "dtype": str(t.dtype).replace("torch.", "") if t else self.config.dtype,
+            "weights": t.weights if t else None,
+            "weights_reason": self.weights.reason if self.weights else None,
+            "weights_choice": self.weights.to_dict() if self.weights else None,
+            "draft_weights": self.draft.weights if self.draft else None,
             "fim_template": self.prompts.template.family if self.prompts else None,
             "cost_model": self.cost.summary() if self.cost else None,
         }

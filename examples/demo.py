@@ -117,7 +117,8 @@ async def main() -> int:
                 range=types.Range(types.Position(line, character), types.Position(line, character)), text=typed)]))
         _, stats = await ask(types.Position(line, character + len(typed)), f"after typing {typed!r}")
     info = stats
-    print(f"\nmodel {info.get('target')} on {info.get('device')} ({info.get('dtype')}), drafter {info.get('drafter')}")
+    print(f"\nmodel {info.get('target')} on {info.get('device')}, {info.get('weights')} weights, drafter "
+          f"{info.get('drafter')}\nweights {info.get('weights')}: {info.get('weightsReason')}")
     await client.shutdown_async(None)
     client.exit(None)
     await client.stop()

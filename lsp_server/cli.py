@@ -10,13 +10,14 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # keep library chatter off the user's terminal
 
-from decoding.api import DRAFTERS, SCOPES, EngineConfig  # noqa: E402  (light: no torch)
+from decoding.api import DRAFTERS, SCOPES, WEIGHT_FORMATS, EngineConfig  # noqa: E402  (light: no torch)
 from decoding.errors import DraftwiseError  # noqa: E402
 
 log = logging.getLogger("draftwise")
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
+def add_model_flags(p: argparse.ArgumentParser, many_weights: bool = False) -> None:
+    """many_weights: `--weights` takes a comma-separated list (the benchmark runs each format)."""
     d = EngineConfig()
     g = p.add_argument_group("model")
     g.add_argument("--target", default=d.target, help="target model: preset, HF directory, .gguf file or hub id (default: %(default)s)")
@@ -24,7 +25,18 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drafter", default=d.drafter, choices=DRAFTERS, help="drafting strategy (default: %(default)s)")
     g.add_argument("--max-tokens", type=int, default=d.max_tokens, help="most tokens per completion (default: %(default)s)")
     g.add_argument("--device", default=d.device, help="auto | cpu | cuda | cuda:N | mps (default: %(default)s)")
-    g.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16 | float16 (default: auto = bf16 on CUDA, fp32 on CPU)")
+    g.add_argument("--dtype", default=d.dtype, help="auto | float32 | bfloat16 | float16: the compute dtype when "
+                   "--weights is auto and no format is measured (e.g. float16 on Apple MPS)")
+    if many_weights:
+        g.add_argument("--weights", dest="weights_arg", default="auto", metavar="LIST",
+                       help=f"comma-separated target weight formats to run every engine mode at ({', '.join(WEIGHT_FORMATS)}); "
+                            "auto: the one `auto` picks here (default: %(default)s)")
+    else:
+        g.add_argument("--weights", default=d.weights, choices=WEIGHT_FORMATS,
+                       help="target weight format; auto: the fastest on this device whose quality passes the "
+                            "gate (bf16 on CUDA, measured on a CPU) (default: %(default)s)")
+    g.add_argument("--draft-weights", default=d.draft_weights, choices=WEIGHT_FORMATS,
+                   help="draft model weight format; auto: the fastest (default: %(default)s)")
     g.add_argument("--context-tokens", type=int, default=d.context_tokens, help="prompt token budget (default: %(default)s)")
     g.add_argument("--trust-remote-code", action="store_true", help="allow model repositories to run their own code (off by default)")
 
@@ -34,6 +46,7 @@ def engine_config(args) -> EngineConfig:
         raise DraftwiseError("--max-tokens must be at least 1")
     return EngineConfig(target=args.target, draft=None if args.draft in (None, "none") else args.draft,
                         drafter=args.drafter, max_tokens=args.max_tokens, device=args.device, dtype=args.dtype,
+                        weights=args.weights, draft_weights=args.draft_weights,
                         context_tokens=args.context_tokens, trust_remote_code=args.trust_remote_code)
 
 
@@ -59,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help='print {"text": ..., "stats": {...}} and nothing else')
 
     b = sub.add_parser("bench", help="benchmark speculative modes against plain decoding and the HF built-ins")
-    add_model_flags(b)
+    add_model_flags(b, many_weights=True)
     try:
         from decoding.bench.cli import add_arguments as add_bench_arguments
     except ImportError:  # the benchmark's optional parts are missing; `bench` says so when run

@@ -4,7 +4,8 @@
 Editors send these keys (camelCase, as in editor settings files), either at the top level or under a
 `draftwise` section:
 
-    target, draft, drafter, maxTokens, device, dtype, temperature, contextTokens, languages, scope
+    target, draft, drafter, maxTokens, device, dtype, weights, draftWeights, temperature, contextTokens,
+    languages, scope
 
 A bad value never takes the server down: that key keeps its previous value and the problem comes back
 as one clear sentence for the user. Unknown keys are ignored (and logged by the caller).
@@ -16,7 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from decoding.api import DRAFTERS, SCOPES, EngineConfig
+from decoding.api import DRAFTERS, SCOPES, WEIGHT_FORMATS, EngineConfig
 
 SECTION = "draftwise"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -27,7 +28,7 @@ TEMPERATURE_RANGE = (0.0, 2.0)
 
 # Changing any of these means different weights: the engine reloads. (The prompt budget, drafter,
 # max tokens and temperature travel with each request.)
-ENGINE_FIELDS = ("target", "draft", "device", "dtype")
+ENGINE_FIELDS = ("target", "draft", "device", "dtype", "weights", "draft_weights")
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,8 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "maxTokens": (_int_range(1, MAX_TOKENS_LIMIT), "engine.max_tokens"),
     "device": (_device, "engine.device"),
     "dtype": (_choice(DTYPES), "engine.dtype"),
+    "weights": (_choice(WEIGHT_FORMATS), "engine.weights"),
+    "draftWeights": (_choice(WEIGHT_FORMATS), "engine.draft_weights"),
     "contextTokens": (_int_range(*CONTEXT_TOKENS_RANGE), "engine.context_tokens"),
     "temperature": (_temperature, "temperature"),
     "languages": (_languages, "languages"),

@@ -70,8 +70,8 @@ class EngineHost:
         config = self.settings.engine
         self.state, self.error = LOADING, None
         started = time.monotonic()
-        log.info("loading models: target=%s draft=%s device=%s dtype=%s",
-                 config.target, config.draft, config.device, config.dtype)
+        log.info("loading models: target=%s draft=%s device=%s weights=%s",
+                 config.target, config.draft, config.device, config.weights)
 
         def on_progress(message: str, fraction: float | None) -> None:  # engine worker thread
             log.info("load: %s", message)
@@ -97,9 +97,10 @@ class EngineHost:
             else:
                 self.state = READY
                 info = self._info()
-                log.info("models ready in %.1f s: target=%s draft=%s device=%s dtype=%s",
+                log.info("models ready in %.1f s: target=%s draft=%s device=%s weights=%s (%s)",
                          time.monotonic() - started, info.get("target", config.target),
-                         info.get("draft", config.draft), info.get("device"), info.get("dtype"))
+                         info.get("draft", config.draft), info.get("device"), info.get("weights"),
+                         info.get("weights_reason"))
         if progress is not None:
             progress.end("ready" if self.ready else "shut down" if self._closed else f"failed: {self.error}")
         return self.ready
@@ -179,6 +180,9 @@ class EngineHost:
             "drafter": config.drafter,
             "device": info.get("device") or config.device,
             "dtype": info.get("dtype") or config.dtype,
+            "weights": info.get("weights") or config.weights,
+            "weightsReason": info.get("weights_reason"),
+            "draftWeights": info.get("draft_weights") or (config.draft_weights if config.draft else None),
             "fimTemplate": info.get("fim_template"),
             "draftNote": info.get("draft_note") or None,
             "last": engine_stats.get("last"),

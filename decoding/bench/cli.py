@@ -64,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="requests cancelled mid-run to count forwards after cancel; 0 skips it (default: 6)")
     g.add_argument("--llamacpp-threads", type=_positive, default=0, metavar="N",
                    help="llama.cpp threads (default: one per CPU core)")
+    g.add_argument("--quality-cases", type=_positive, default=0, metavar="N",
+                   help="score completion quality on N more cases per weight format (and llama.cpp Q4), "
+                        "untimed (default: %(default)s; the timed cases are always scored)")
+    g.add_argument("--serve-rss", action="store_true",
+                   help="also start `draftwise serve` once per format and measure its resident memory")
     g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
     g.add_argument("--json", dest="json_path", metavar="FILE", help="write every number measured to FILE")
     g.add_argument("--plot", metavar="FILE", help="write a PNG of speedup per mode and language to FILE")
@@ -84,6 +89,46 @@ def _print_cases(cases) -> None:
         print(f"| {i} | {c.language} | {c.kind} | {c.path}:{c.line} | {len(c.prefix)} | {len(c.suffix)} | `{removed}` |")
 
 
+def parse_formats(text: str | None) -> list[str]:
+    from decoding.api import WEIGHT_FORMATS
+
+    formats = list(dict.fromkeys(f.strip() for f in (text or "auto").split(",") if f.strip()))
+    unknown = [f for f in formats if f not in WEIGHT_FORMATS]
+    if unknown or not formats:
+        raise DraftwiseError(f"unknown weights {', '.join(unknown)}: use any of {', '.join(WEIGHT_FORMATS)}")
+    return formats
+
+
+def load_engines(config, formats: list[str], say) -> tuple[dict, object, str]:
+    """One engine per weight format, `auto` resolved to the format it picks (listed first). Returns
+    (format -> engine, the fp32 engine the Hugging Face baselines use, auto's reason)."""
+    from dataclasses import replace
+
+    from decoding.engine import Engine
+
+    engines: dict = {}
+    reason = ""
+    for fmt in sorted(formats, key=lambda f: f != "auto"):
+        if fmt != "auto" and fmt in engines:
+            continue
+        say(f"loading {fmt} weights")
+        engine = Engine(replace(config, weights=fmt))
+        engine.load()
+        chosen = engine.target.weights
+        if fmt == "auto":
+            reason = engine.weights.reason
+        if chosen in engines:
+            engine.close()
+            continue
+        engines[chosen] = engine
+    reference = engines.get("fp32")
+    if reference is None:  # hf-plain is always fp32: the reference every speedup is measured against
+        say("loading fp32 weights for the transformers baselines")
+        reference = Engine(replace(config, weights="fp32"))
+        reference.load()
+    return engines, reference, reason
+
+
 def run(args) -> int:
     from decoding.api import EngineConfig
 
@@ -101,13 +146,16 @@ def run(args) -> int:
         except ImportError as exc:
             raise DraftwiseError("--plot needs matplotlib (pip install 'draftwise[bench]')") from exc
     modes = parse_modes(args.modes)
+    formats = parse_formats(getattr(args, "weights_arg", None))
     try:
         languages = parse_languages(args.languages)
-        cases = sample_cases(args.limit, seed=args.seed, languages=languages, corpus=args.corpus)
+        cases = sample_cases(args.limit + args.quality_cases, seed=args.seed, languages=languages, corpus=args.corpus)
     except CorpusError as exc:
         raise DraftwiseError(str(exc)) from exc
-    if len(cases) < args.limit:
-        print(f"draftwise bench: only {len(cases)} usable cases found (asked for {args.limit})", file=sys.stderr)
+    if len(cases) < args.limit + args.quality_cases:
+        print(f"draftwise bench: only {len(cases)} usable cases found (asked for {args.limit} timed + "
+              f"{args.quality_cases} quality cases)", file=sys.stderr)
+    cases, quality_cases = cases[:args.limit], cases[args.limit:]
     if args.list_cases:
         _print_cases(cases)
         return 0
@@ -116,7 +164,6 @@ def run(args) -> int:
 
     from decoding.bench import report
     from decoding.bench.harness import Bench, BenchSettings, build_report_data
-    from decoding.engine import Engine
 
     max_tokens = getattr(args, "max_tokens", None) or 48
     if max_tokens < 1:
@@ -129,6 +176,7 @@ def run(args) -> int:
         # can be measured; `auto` requests still decide per step whether to use it
         drafter="model" if draft else "auto",
         max_tokens=max_tokens, device=getattr(args, "device", "auto"), dtype=getattr(args, "dtype", "auto"),
+        draft_weights=getattr(args, "draft_weights", "auto"),
         context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens),
         trust_remote_code=getattr(args, "trust_remote_code", False),
     )
@@ -139,14 +187,15 @@ def run(args) -> int:
         max_tokens=max_tokens, modes=modes, repeats=args.repeats, lookup_tokens=args.lookup_tokens or 10,
         typing_cases=args.typing_cases, keystrokes=args.keystrokes, typing_prompt_tokens=args.typing_prompt_tokens,
         typing_drafter=typing_drafter, cancel_tries=args.cancel_tries,
-        llamacpp_threads=args.llamacpp_threads or None, seed=args.seed,
+        llamacpp_threads=args.llamacpp_threads or None, seed=args.seed, llama_goal=1.0 if draft else 1.3,
     )
-    engine = Engine(config)
     load_before = _load_average()
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:
-        engine.load(lambda msg, frac: bar.set_description_str(msg))
+        engines, reference, auto_reason = load_engines(config, formats, bar.set_description_str)
+    engine = next(iter(engines.values()))
     try:
-        bench = Bench(engine, cases, settings, target_spec=args.target)
+        bench = Bench(engines, cases, settings, target_spec=args.target, reference=reference,
+                      quality_cases=quality_cases)
         planned = bench.plan_modes()
         with tqdm(total=bench.steps(len(planned)), desc="bench", unit="run", file=sys.stderr) as bar:
             def step(label: str) -> None:
@@ -157,11 +206,22 @@ def run(args) -> int:
             bench.plan_modes = lambda: planned  # already decided (and the llama.cpp probe already run)
             bench.run()
     finally:
-        engine.close()
+        for e in {id(e): e for e in [*engines.values(), reference]}.values():
+            e.close()
     load_after = _load_average()
+    serve_rss = None
+    if args.serve_rss:
+        from decoding.bench.serve_memory import serve_rss_mib
+
+        print("measuring draftwise serve memory per format", file=sys.stderr)
+        serve_rss = serve_rss_mib(args.target, sorted({"fp32", *engines}, key=["fp32", "bf16", "int8", "int4"].index))
     info = engine.info()
     config_out = {
         "target": args.target, "draft": draft, "device": info.get("device"), "dtype": info.get("dtype"),
+        "weights": list(engines), "auto_weights": next(iter(engines)) if "auto" in formats else None,
+        "auto_weights_reason": auto_reason or None, "weights_choice": info.get("weights_choice"),
+        "draft_weights": info.get("draft_weights"), "serve_rss_mib": serve_rss,
+        "quality_cases": len(quality_cases),
         "max_tokens": max_tokens, "context_tokens": config.context_tokens, "seed": args.seed, "limit": args.limit,
         "cases": len(cases), "languages": dict(Counter(c.language for c in cases)),
         "corpus": args.corpus or "installed code (stdlib, site-packages, C headers, npm globals)",

@@ -28,7 +28,7 @@ from decoding.bench.corpus import Case
 from decoding.bench.hf_baselines import GenerateTiming, cut_at_end
 from decoding.bench.metrics import (
     ALL_MODES, ENGINE_MODES, HF_MODES, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
-    percentile, summarize,
+    percentile, quality_summary, split_key, summarize,
 )
 
 log = logging.getLogger("draftwise.bench")
@@ -57,6 +57,7 @@ class BenchSettings:
     cancel_tries: int = 6
     llamacpp_threads: int | None = None
     seed: int = 0
+    llama_goal: float = 1.3  # auto's decode speed over llama.cpp plain that counts as met
 
 
 @dataclass
@@ -65,6 +66,7 @@ class BenchResult:
     skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it did not run
     typing: dict | None = None
     cancel: dict | None = None
+    quality_runs: dict[str, dict[str, RunRecord]] = field(default_factory=dict)  # format -> case -> record
 
 
 def _forget_caches(engine) -> None:
@@ -173,10 +175,19 @@ def llamacpp_probe(gguf: str, timeout_s: float = 120) -> str | None:
 
 
 class Bench:
+    """engine: one Engine (modes are plain names: `auto`), or {weight format: Engine} (modes are
+    `auto@int8`; the first format is the one typing and cancel are measured with). reference: the
+    fp32 engine whose models the Hugging Face baselines run (default: the fp32 one, else the first).
+    quality_cases: more cases, only to score completion quality per format."""
+
     def __init__(self, engine, cases: Sequence[Case], settings: BenchSettings,
-                 progress: Callable[[str], None] | None = None, target_spec: str = ""):
-        self.engine = engine
+                 progress: Callable[[str], None] | None = None, target_spec: str = "", reference=None,
+                 quality_cases: Sequence[Case] = ()):
+        self.engines = dict(engine) if isinstance(engine, dict) else {None: engine}
+        self.engine = next(iter(self.engines.values()))
+        self.reference = reference or self.engines.get("fp32") or self.engine
         self.cases = list(cases)
+        self.quality_cases = list(quality_cases)
         self.s = settings
         self.progress = progress or (lambda label: None)
         self.target_spec = target_spec
@@ -193,6 +204,9 @@ class Bench:
         runnable = []
         has_draft = getattr(self.engine, "draft", None) is not None
         for m in wanted:
+            if m in ENGINE_MODES and (m != "model" or has_draft):
+                runnable += [m if fmt is None else f"{m}@{fmt}" for fmt in self.engines]
+                continue
             if m in ("hf-assisted", "model") and not has_draft:
                 note = getattr(self.engine, "draft_note", "") or "no --draft model given"
                 self.result.skipped[m] = f"needs a draft model ({note})"
@@ -225,15 +239,19 @@ class Bench:
         return self.llama
 
     # ---- one case, one mode -----------------------------------------------------------------
-    def run_mode(self, case: Case, mode: str, prompt: list[int], run: str = "") -> RunRecord:
-        """run: what makes this run's document key unique among runs of the same case and mode."""
+    def run_mode(self, case: Case, key: str, prompt: list[int], run: str = "") -> RunRecord:
+        """key: a mode, `mode@format` for engine modes. run: what makes this run's document key
+        unique among runs of the same case and mode."""
         from decoding.bench.hf_baselines import generate_timed
 
-        e = self.engine
+        mode, fmt = split_key(key)
+        e = self.reference
         try:
             if mode in ENGINE_MODES:
-                return run_engine_mode(e, case, mode, self.s.max_tokens,
-                                       f"bench://{self.tag}/{run}/{mode}/{case.id}")
+                rec = run_engine_mode(self.engines[fmt], case, mode, self.s.max_tokens,
+                                      f"bench://{self.tag}/{run}/{key}/{case.id}")
+                rec.mode = key
+                return rec.score(case.expected)
             if mode in HF_MODES:
                 kw = {}
                 if mode == "hf-assisted":
@@ -244,7 +262,7 @@ class Bench:
             else:
                 g = self._llama().generate(mode == "llamacpp-lookup", prompt, self.s.max_tokens, e.end_ids)
             done = completion_of(e, g.token_ids)
-            return record_from_timing(mode, case, g, done, mode not in ("hf-plain", "llamacpp-plain"))
+            return record_from_timing(mode, case, g, done, mode not in ("hf-plain", "llamacpp-plain")).score(case.expected)
         except Exception as exc:  # one failing mode must not lose the rest of the run
             if isinstance(exc, KeyboardInterrupt):
                 raise
@@ -259,7 +277,8 @@ class Bench:
         saved = self.s.max_tokens
         self.s.max_tokens = 4
         try:
-            for m in ("none", "hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup"):
+            firsts = [m for m in modes if split_key(m)[0] == "none"]
+            for m in firsts + ["hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup"]:
                 if m in modes:
                     self.run_mode(case, m, prompt, "warmup")
         finally:
@@ -278,6 +297,46 @@ class Bench:
                     if best is None or (rec.ok and (not best.ok or rec.total_ms < best.total_ms)):
                         best = rec
                 runs.setdefault(mode, {})[case.id] = best
+
+    # ---- quality --------------------------------------------------------------------------------
+    def run_quality(self, modes: Sequence[str]) -> None:
+        """Each extra quality case once per weight format (drafter auto: the same text as plain
+        decoding, sooner) and by llama.cpp's Q4 when it runs; scored against the removed code."""
+        out = self.result.quality_runs
+        anchors = [m for m in ("llamacpp-plain",) if m in modes]
+        for case in self.quality_cases:
+            prompt = self.engine.build_prompt(_request(case, "none", "bench://prompt", self.s.max_tokens))
+            for fmt in self.engines:
+                self.progress(f"quality {fmt} {case.language}")
+                key = "auto" if fmt is None else f"auto@{fmt}"
+                out.setdefault(fmt or "engine", {})[case.id] = self.run_mode(case, key, prompt, "quality")
+            for m in anchors:
+                self.progress(f"quality {m}")
+                out.setdefault(m, {})[case.id] = self.run_mode(case, m, prompt, "quality")
+
+    def quality(self) -> dict | None:
+        """Per weight format (and llama.cpp's Q4): quality over the timed cases (their plain-decoding
+        text) and the extra quality cases, with the gate's verdict against fp32."""
+        from decoding.models.quality_gate import MAX_DROP_POINTS
+
+        runs = self.result.runs
+        table = {}
+        for fmt in [f for f in self.engines if f is not None] + ["llamacpp-plain"]:
+            timed = runs.get(f"none@{fmt}" if fmt != "llamacpp-plain" else fmt, {})
+            records = list(timed.values()) + list(self.result.quality_runs.get(fmt, {}).values())
+            if records:
+                table["llamacpp-q4" if fmt == "llamacpp-plain" else fmt] = quality_summary(r for r in records if r.ok)
+        if not table:
+            return None
+        reference = table.get("fp32", {}).get("first_line_exact")
+        for fmt, q in table.items():
+            if reference is not None and q["first_line_exact"] is not None:
+                q["drop_points"] = round(reference - q["first_line_exact"], 1)
+                q["passes_gate"] = q["drop_points"] <= MAX_DROP_POINTS
+        return {"max_drop_points": MAX_DROP_POINTS, "formats": table,
+                "cases": max((q["quality_cases"] for q in table.values()), default=0),
+                "method": "first line of the raw completion equal to the removed code's first line (trailing "
+                          "spaces aside); similarity: difflib ratio over as many lines as were removed"}
 
     # ---- typing -------------------------------------------------------------------------------
     def typing_cases(self) -> list[Case]:
@@ -311,6 +370,7 @@ class Bench:
             for drafter in (self.s.typing_drafter, "none"):
                 self.progress(f"typing {drafter} {case.language}")
                 sequences.append(self._typing_sequence(case, drafter))
+        whole = [self._cold_whole(case) for case in cases]
         main = [s for s in sequences if s["drafter"] == self.s.typing_drafter]
         kv_only = [s for s in sequences if s["drafter"] == "none"]
         cold = median(s["cold_ms"] for s in main)
@@ -325,10 +385,22 @@ class Bench:
             "kv_reuse_only": {"cold_ms": _r(cold_none), "warm_ms": _r(warm_none),
                               "warm_over_cold": _r(warm_none / cold_none if warm_none is not None and cold_none else None, 3)},
             "warm_continues_suggestion_rate": _r(sum(consistent) / len(consistent), 3) if consistent else None,
+            # a whole suggestion from a cold cache: this prompt, max_tokens new tokens (unless it ends)
+            "cold_whole_ms": _r(median(w["ms"] for w in whole)), "cold_whole": whole,
             "prompt_tokens": [s["prompt_tokens"] for s in main],
             "keystrokes": self.s.keystrokes,
             "sequences": sequences,
         }
+
+    def _cold_whole(self, case: Case) -> dict:
+        e = self.engine
+        self.progress(f"cold suggestion {case.language}")
+        _forget_caches(e)
+        req = _request(case, self.s.typing_drafter, f"bench://{self.tag}/cold/{case.id}", self.s.max_tokens)
+        t0 = time.perf_counter()
+        res = e.complete(req)
+        return {"case": case.id, "ms": round((time.perf_counter() - t0) * 1000, 1),
+                "prompt_tokens": res.stats.prompt_tokens, "new_tokens": engine_useful_tokens(res)}
 
     def _typing_sequence(self, case: Case, drafter: str) -> dict:
         e = self.engine
@@ -403,6 +475,7 @@ class Bench:
         try:
             self.warm_up(modes)
             self.run_cases(modes)
+            self.run_quality(modes)
         finally:
             if self.llama is not None:
                 self.llama.close()
@@ -413,8 +486,9 @@ class Bench:
         return self.result
 
     def steps(self, modes_count: int) -> int:
-        typing = self.s.typing_cases * 2 if self.s.typing_cases > 0 else 0
-        return len(self.cases) * modes_count + typing + max(0, self.s.cancel_tries)
+        typing = self.s.typing_cases * 3 if self.s.typing_cases > 0 else 0
+        quality = len(self.quality_cases) * (len(self.engines) + 1)
+        return len(self.cases) * modes_count + quality + typing + max(0, self.s.cancel_tries)
 
 
 def _r(x: float | None, nd: int = 1) -> float | None:
@@ -455,17 +529,22 @@ def machine_info() -> dict:
 
 def build_report_data(bench: Bench, modes_order: Sequence[str], config: dict) -> dict:
     res = bench.result
-    modes = [m for m in modes_order if m in res.runs]
+    modes = [m for m in modes_order if m in res.runs] + [m for m in res.runs if m not in modes_order]
     summary = summarize(res.runs, modes)
+    quality = bench.quality()
+    primary = next(iter(bench.engines))
     return {
         "modes": summary,
+        "quality": quality,
         "typing": res.typing,
         "cancel": res.cancel,
-        "draft_model": draft_model_verdict(summary),
-        "goals": check_goals(summary, res.typing, res.cancel),
+        "draft_model": draft_model_verdict(summary, primary),
+        "goals": check_goals(summary, res.typing, res.cancel, quality=quality, weights=primary,
+                             llama_goal=bench.s.llama_goal, serve_rss=config.get("serve_rss_mib")),
         "skipped_modes": res.skipped,
         "config": {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                    "machine": machine_info(), "timing_method": TIMING_METHOD},
         "cases": [c.to_dict() for c in bench.cases],
         "runs": {m: [r.to_dict() for r in res.runs[m].values()] for m in modes},
+        "quality_runs": {f: [r.to_dict() for r in recs.values()] for f, recs in res.quality_runs.items()},
     }

@@ -13,11 +13,17 @@ MODE_LABELS = {
     "lookup": "draftwise lookup",
     "model": "draftwise model",
     "auto": "draftwise auto",
+    # weight-format rows are `mode@format`: labelled from their mode (see label())
     "llamacpp-plain": "llama.cpp (plain)",
     "llamacpp-lookup": "llama.cpp prompt lookup",
 }
 REQUIRED_MODE_KEYS = ("decode_tok_s", "speedup_vs_plain", "identical_rate", "acceptance_rate",
                       "tokens_per_forward", "p50_ms", "p95_ms", "min_case_speedup")
+
+
+def label(key: str) -> str:
+    mode, _, fmt = key.partition("@")
+    return MODE_LABELS.get(mode, mode) + (f" {fmt}" if fmt else "")
 
 
 def _fmt(x, spec: str = ".2f", suffix: str = "") -> str:
@@ -48,8 +54,8 @@ def markdown(data: Mapping) -> str:
            if (load := cfg.get("load_average_1min")) else ""),
         "",
         "| mode | decode tok/s | speedup vs hf-plain (median) | slowest case | vs own plain | first token ms | "
-        "p50 ms | p95 ms | acceptance | tokens/forward | identical to hf-plain | prompt tokens reused |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "p50 ms | p95 ms | acceptance | tokens/forward | identical to own plain | first line exact | similarity |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode, s in data["modes"].items():
         own = "" if s.get("family_plain") in (mode, None) else _fmt(s.get("speedup_vs_family_plain"), ".2f", "×")
@@ -57,8 +63,26 @@ def markdown(data: Mapping) -> str:
             f"| {mode} | {_fmt(s['decode_tok_s'], '.1f')} | {_fmt(s['speedup_vs_plain'], '.2f', '×')} | "
             f"{_fmt(s['min_case_speedup'], '.2f', '×')} | {own} | {_fmt(s.get('ttft_ms'), '.0f')} | "
             f"{_fmt(s['p50_ms'], '.0f')} | {_fmt(s['p95_ms'], '.0f')} | {_pct(s['acceptance_rate'])} | "
-            f"{_fmt(s['tokens_per_forward'], '.2f')} | {_pct(s['identical_rate'])} | {s.get('reused_prompt_tokens', 0)} |"
+            f"{_fmt(s['tokens_per_forward'], '.2f')} | {_pct(s.get('identical_rate_vs_family_plain'))} | "
+            f"{_fmt(s.get('first_line_exact'), '.0f', '%')} | {_fmt(s.get('similarity'), '.2f')} |"
         )
+    q = data.get("quality")
+    if q:
+        lines += ["", f"Completion quality against the removed code ({q['method']}); a format may be chosen by "
+                      f"`auto` within {q['max_drop_points']:g} points of fp32:", "",
+                  "| weights | cases | first line exact | similarity | below fp32 (points) | gate |",
+                  "|---|---:|---:|---:|---:|:---:|"]
+        for fmt, v in q["formats"].items():
+            gate = "–" if "passes_gate" not in v else ("pass" if v["passes_gate"] else "**fail**")
+            lines.append(f"| {fmt} | {v['quality_cases']} | {_fmt(v['first_line_exact'], '.1f', '%')} | "
+                         f"{_fmt(v['similarity'], '.3f')} | {_fmt(v.get('drop_points'), '.1f')} | {gate} |")
+    cfg_w = cfg.get("auto_weights")
+    if cfg_w:
+        lines += ["", f"`--weights auto` chose **{cfg_w}**: {cfg.get('auto_weights_reason')}"]
+    rss = cfg.get("serve_rss_mib")
+    if rss:
+        lines += ["", "Resident memory of `draftwise serve` after one completion: "
+                  + ", ".join(f"{f} {v:.0f} MiB" if isinstance(v, (int, float)) else f"{f}: {v}" for f, v in rss.items())]
     if data.get("skipped_modes"):
         lines.append("")
         for mode, why in data["skipped_modes"].items():
@@ -128,7 +152,7 @@ def plot(data: Mapping, path: str | Path) -> None:
         s = data["modes"][mode]
         vals = [s.get("speedup_by_language", {}).get(g) for g in langs] + [s.get("speedup_vs_plain")]
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(groups))]
-        ax.bar(xs, [v or 0 for v in vals], width, label=MODE_LABELS.get(mode, mode))
+        ax.bar(xs, [v or 0 for v in vals], width, label=label(mode))
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups)

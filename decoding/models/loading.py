@@ -23,12 +23,9 @@ class LoadedModel:
     tokenizer: Any  # a PreTrainedTokenizerFast
     spec: ModelSpec
     device: Any  # torch.device
-    dtype: Any  # torch.dtype
+    dtype: Any  # torch.dtype of activations and the KV cache
     name: str  # what to show users
-
-    @property
-    def param_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+    weights: str = "fp32"  # weight format (decoding.models.weights)
 
 
 def resolve_device(device: str = "auto", dtype: str = "auto"):
@@ -104,11 +101,13 @@ def model_source(spec: ModelSpec) -> tuple[str, dict]:
 
 
 def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-               role: str = "target") -> LoadedModel:
+               role: str = "target", weights: str | None = None) -> LoadedModel:
+    """weights: a format of decoding.models.weights (fp32, bf16, int8, int4); None: `dtype` decides."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from decoding import faults
+    from decoding.models import weights as formats
 
     if role == "target" and faults.trip("target_load_oom"):
         raise ModelLoadError(f"out of memory while loading '{spec_text}' (injected fault)")
@@ -117,6 +116,12 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
 
     spec = parse_model_spec(spec_text)
     dev, torch_dtype = resolve_device(device, dtype)
+    if weights is not None:
+        problem = formats.kernel_problem(weights, dev)
+        if problem:
+            raise ModelSpecError(problem)
+        # quantized formats read the fp32 weights, so every load of a format gives the same model
+        torch_dtype = formats.load_dtype(weights)
     source, extra = model_source(spec)
     tok_extra = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
     try:
@@ -138,5 +143,9 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"could not load '{spec_text}': {first}") from exc
     model.to(dev).eval()
+    if weights in formats.QUANTIZED:
+        formats.convert(model, weights)
+        torch_dtype = formats.compute_dtype(weights)
     name = spec.preset.display if spec.preset else Path(spec.value).name if spec.kind != "hub" else spec.value
-    return LoadedModel(model, tokenizer, spec, dev, torch_dtype, name)
+    fmt = weights or {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[torch_dtype]
+    return LoadedModel(model, tokenizer, spec, dev, torch_dtype, name, fmt)

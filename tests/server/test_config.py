@@ -11,7 +11,7 @@ def test_every_documented_key_is_applied():
     update = apply_settings(Settings(), {
         "target": "/models/x", "draft": "qwen2.5-coder-0.5b", "drafter": "lookup", "maxTokens": 32,
         "device": "cuda:1", "dtype": "bfloat16", "temperature": 0.2, "contextTokens": 2048,
-        "languages": ["python", "rust"], "scope": "line",
+        "languages": ["python", "rust"], "scope": "line", "weights": "int8", "draftWeights": "int4",
     })
     assert update.problems == [] and update.ignored == []
     s = update.settings
@@ -19,6 +19,8 @@ def test_every_documented_key_is_applied():
         ("/models/x", "qwen2.5-coder-0.5b", "lookup", 32)
     assert (s.engine.device, s.engine.dtype, s.engine.context_tokens) == ("cuda:1", "bfloat16", 2048)
     assert (s.temperature, s.languages, s.scope) == (0.2, ("python", "rust"), "line")
+    assert (s.engine.weights, s.engine.draft_weights) == ("int8", "int4")
+    assert Settings().needs_reload(s)  # other weights are other models
     assert s.serves_language("rust") and not s.serves_language("go")
 
 
@@ -36,7 +38,8 @@ def _value_of(settings: Settings, key: str):
     return {"maxTokens": settings.engine.max_tokens, "temperature": settings.temperature,
             "drafter": settings.engine.drafter, "dtype": settings.engine.dtype, "device": settings.engine.device,
             "target": settings.engine.target, "languages": settings.languages,
-            "contextTokens": settings.engine.context_tokens, "scope": settings.scope}[key]
+            "contextTokens": settings.engine.context_tokens, "scope": settings.scope,
+            "weights": settings.engine.weights, "draftWeights": settings.engine.draft_weights}[key]
 
 
 @pytest.mark.parametrize("key,value,words", [
@@ -49,6 +52,8 @@ def _value_of(settings: Settings, key: str):
     ("temperature", float("nan"), "number from 0 to 2"),
     ("drafter", "magic", "one of none, lookup, model, suggestion, auto"),
     ("dtype", "int4", "one of auto, float32"),
+    ("weights", "int3", "one of auto, fp32, bf16, int8, int4"),
+    ("draftWeights", "float32", "one of auto, fp32, bf16, int8, int4"),
     ("device", "tpu", "auto, cpu, mps, cuda or cuda:N"),
     ("target", "", "non-empty string"),
     ("languages", "python", "list of language ids"),

@@ -1,0 +1,214 @@
+"""`--weights auto`: the fastest format whose quality passes the gate, measured on this device.
+
+CUDA gets bf16. On a CPU every eligible format is loaded once and timed on the work a completion
+does (REFERENCE below); the timings are kept in $DRAFTWISE_HOME, keyed by model, CPU, torch version
+and thread count, so later starts only load the winner. A format whose kernel is missing or fails
+gives one log line and the next format.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from decoding.errors import DraftwiseError
+from decoding.models import paths, quality_gate
+from decoding.models.weights import FORMATS, kernel_problem
+
+log = logging.getLogger(__name__)
+
+# The completion a format is timed on: a 1,000-token prompt and 48 new tokens, verified five at a
+# time with 2.5 accepted per forward (a middling acceptance for code).
+REFERENCE = {"prompt_tokens": 1000, "new_tokens": 48, "verify_tokens": 5, "tokens_per_forward": 2.5}
+# Timed formats in this order; the last one timed stays loaded, so the usual winner goes last.
+TIMING_ORDER = ("fp32", "bf16", "int4", "int8")
+CACHE_FILE = "weight-timings.json"
+
+
+@dataclass
+class FormatTiming:
+    decode_ms: float  # one new token over a 128-token cache
+    verify_ms: float  # REFERENCE["verify_tokens"] new tokens in one forward
+    prefill_tok_s: float  # a 256-token prompt chunk
+
+    @property
+    def reference_s(self) -> float:
+        forwards = REFERENCE["new_tokens"] / REFERENCE["tokens_per_forward"]
+        return REFERENCE["prompt_tokens"] / self.prefill_tok_s + forwards * self.verify_ms / 1000
+
+
+@dataclass
+class WeightsChoice:
+    format: str
+    reason: str  # one sentence for logs, stats and the demo
+    timings: dict[str, FormatTiming] = field(default_factory=dict)
+    not_eligible: dict[str, str] = field(default_factory=dict)  # format -> why auto left it out
+
+    def to_dict(self) -> dict:
+        return {"format": self.format, "reason": self.reason, "not_eligible": self.not_eligible,
+                "timings": {f: {**asdict(t), "reference_s": round(t.reference_s, 3)} for f, t in self.timings.items()}}
+
+
+def time_format(loaded, context: int = 128, repeats: int = 3) -> FormatTiming:
+    """Time decode, verify and prefill forwards of a loaded model (medians of `repeats`)."""
+    from decoding.runner import ModelRunner
+
+    runner = ModelRunner(loaded, 1 << 30, role="timing")
+    vocab = loaded.model.config.get_text_config().vocab_size
+    ids = [(i * 7919) % min(vocab - 20, 1000) + 10 for i in range(context + 256 + 1)]
+    runner.start([], "__weights__")
+    runner.forward(ids[:context], logits_to_keep=1)
+
+    def timed(n: int, keep: int | None = None) -> float:
+        samples = []
+        for _ in range(repeats + 1):  # the first call pays for allocations and kernel selection
+            t0 = time.perf_counter()
+            runner.forward(ids[context:context + n], logits_to_keep=keep)
+            samples.append(time.perf_counter() - t0)
+            runner.crop_to(context)
+        return statistics.median(samples[1:])
+
+    decode, verify = timed(1), timed(REFERENCE["verify_tokens"])
+    prefill = timed(256, keep=1)
+    runner.cache, runner.tokens = None, []
+    return FormatTiming(round(decode * 1000, 2), round(verify * 1000, 2), round(256 / prefill, 1))
+
+
+def device_key(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type != "cpu":
+        return str(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return (f"cpu {cpu} / {torch.backends.cpu.get_cpu_capability()} / torch {torch.__version__} / "
+            f"{torch.get_num_threads()} threads")
+
+
+def model_key(spec) -> str:
+    """The quality gate's and the timing cache's name for a model: its preset, else its path."""
+    return spec.preset.name if spec.preset else spec.value
+
+
+class TimingCache:
+    def __init__(self, path: Path | None = None):
+        self.path = path or paths.draftwise_home() / CACHE_FILE
+
+    def _read(self) -> dict:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def get(self, key: str) -> dict[str, FormatTiming]:
+        entry = self._read().get(key, {})
+        try:
+            return {f: FormatTiming(**t) for f, t in entry.items()}
+        except TypeError:  # written by another version
+            return {}
+
+    def put(self, key: str, fmt: str, timing: FormatTiming) -> None:
+        data = self._read()
+        data.setdefault(key, {})[fmt] = asdict(timing)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(data, indent=1))
+            tmp.replace(self.path)
+        except OSError as exc:  # a read-only home only costs the next start a measurement
+            log.warning("could not keep weight timings in %s: %s", self.path, exc)
+
+
+Loader = Callable[[str], object]  # format -> LoadedModel
+
+
+def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | None = None,
+                    gate: Callable[[str], tuple[list[str], str]] = quality_gate.eligible_formats):
+    """Load the model in the format `auto` picks. Returns (LoadedModel, WeightsChoice)."""
+    if device.type == "cuda":
+        return load("bf16"), WeightsChoice("bf16", "CUDA: bf16, the GPU's native format")
+    if device.type != "cpu":
+        return load("fp16"), WeightsChoice("fp16", f"{device.type}: fp16")
+    key = model_key(spec)
+    not_eligible: dict[str, str] = {}
+    if role == "draft":
+        candidates, why = list(FORMATS), "a draft model may use any format: the output stays the target's"
+    else:
+        candidates, why = gate(key)
+        not_eligible.update({f: why for f in FORMATS if f not in candidates})
+    for fmt in list(candidates):
+        problem = kernel_problem(fmt, device)
+        if problem:
+            log.warning("weights %s skipped: %s", fmt, problem)
+            not_eligible[fmt] = problem
+            candidates.remove(fmt)
+    if not candidates:
+        raise DraftwiseError(f"no weight format can run for {key} on {device}: {not_eligible}")
+    cache = cache or TimingCache()
+    where = device_key(device)
+    timings = {f: t for f, t in cache.get(f"{key} | {where}").items() if f in candidates}
+    loaded = None
+    for fmt in sorted(set(candidates) - set(timings), key=TIMING_ORDER.index):
+        loaded = None
+        gc.collect()
+        try:
+            loaded = load(fmt)
+            timings[fmt] = time_format(loaded)
+        except DraftwiseError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken kernel costs this format, not the load
+            log.warning("weights %s skipped: timing failed: %s: %s", fmt, type(exc).__name__, exc)
+            not_eligible[fmt] = f"failed when timed: {type(exc).__name__}"
+            continue
+        cache.put(f"{key} | {where}", fmt, timings[fmt])
+        log.info("weights %s on %s: %s", fmt, where, timings[fmt])
+    if not timings:
+        raise DraftwiseError(f"no weight format could be timed for {key}: {not_eligible}")
+    best = min(timings, key=lambda f: timings[f].reference_s)
+    if loaded is None or loaded.weights != best:
+        loaded = None
+        gc.collect()
+        loaded = load(best)
+    others = ", ".join(f"{f} {t.reference_s:.2f} s" for f, t in sorted(timings.items(), key=lambda x: x[1].reference_s))
+    reason = (f"fastest of the eligible formats on this CPU for a {REFERENCE['prompt_tokens']}-token prompt and "
+              f"{REFERENCE['new_tokens']} new tokens ({others}); {why}")
+    return loaded, WeightsChoice(best, reason, timings, not_eligible)
+
+
+DTYPE_FORMATS = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16",
+                 "fp16": "fp16"}
+
+
+def load_weights(spec_text: str, requested: str, device: str, dtype: str, trust_remote_code: bool, role: str):
+    """Load a model in the requested weight format, `auto` included. Returns (LoadedModel, WeightsChoice)."""
+    from decoding.api import WEIGHT_FORMATS
+    from decoding.errors import ModelSpecError
+    from decoding.models.loading import load_model, resolve_device
+    from decoding.models.specs import parse_model_spec
+
+    if requested not in WEIGHT_FORMATS:
+        raise ModelSpecError(f"unknown weights '{requested}': use one of {', '.join(WEIGHT_FORMATS)}")
+
+    def load(fmt: str):
+        return load_model(spec_text, device, dtype, trust_remote_code, role, weights=fmt)
+
+    if requested != "auto":
+        return load(requested), WeightsChoice(requested, f"{requested}, as asked")
+    if dtype != "auto":  # an explicit compute dtype is an explicit format
+        fmt = DTYPE_FORMATS.get(dtype)
+        if fmt is None:
+            raise ModelSpecError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
+        return load(fmt), WeightsChoice(fmt, f"{fmt}, from --dtype {dtype}")
+    dev, _ = resolve_device(device, dtype)
+    return choose_and_load(parse_model_spec(spec_text), dev, role, load)

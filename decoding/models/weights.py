@@ -1,0 +1,234 @@
+"""Weight formats: the checkpoint's fp32, bf16, or int8 / int4 weights quantized at load.
+
+Lossless decoding needs one property from a format: a verify forward of k tokens must compute each
+row exactly as a one-token decode step would, or a near-tie between two tokens can flip and the
+speculative text drifts from plain decoding. Dense float matmuls do not promise that (BLAS picks
+other kernels for other batch sizes). The quantized formats here do:
+- int8: weights int8 per output channel, activations quantized to int8 per token (one scale per
+  row, so a row's rounding never depends on its neighbours), products accumulated in int32 by
+  `torch._int_mm` (oneDNN, VNNI where the CPU has it). Integer sums are exact in any order, so the
+  result is bit-identical whatever the batch size. The rest of the model computes in fp32.
+- int4: ATen's CPU weight-only kernel (`_weight_int4pack_mm_for_cpu`, bf16 activations), which
+  computes each row on its own.
+- Attention is made row-exact for both (see `row_exact_attention`).
+
+Why not a library: torchao's x86 wheels ship no CPU kernels and its eager int8 paths run slower
+than fp32 here; `torch.ao.quantization.quantize_dynamic` (deprecated) takes one activation scale
+per *tensor*, so a verify forward rounds differently from a decode step. What is ours is small: two
+Linear replacements and the conversion below.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from decoding.api import WEIGHT_FORMATS
+
+log = logging.getLogger(__name__)
+
+
+FORMATS = WEIGHT_FORMATS[1:]  # the concrete ones
+QUANTIZED = ("int8", "int4")
+INT4_GROUP_SIZES = (128, 64, 32)
+ROW_EXACT_ATTENTION = "draftwise_row_exact"
+# Forwards of at least this many tokens are prefill: plain and speculative decoding run the same
+# ones, so they take the fast batched attention.
+ROW_EXACT_BELOW = 64
+
+
+class Int8Linear(nn.Module):
+    """y = dequant(int8(x) @ int8(W).T) + bias: per-token activation scales, per-channel weight scales."""
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features = qweight.shape[1], qweight.shape[0]
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+        w = linear.weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.float32, copy=True)
+        return cls(q.contiguous(), scale, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        x_scale = (rows.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
+        xq = torch.round(rows / x_scale).clamp(-127, 127).to(torch.int8)
+        y = torch._int_mm(xq, self.qweight.t()).float() * x_scale * self.scale
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int8 weights and activations"
+
+
+class CompactEmbedding(nn.Module):
+    """The token embedding stored in bf16 and handed out in the model's compute dtype: a quarter of
+    a 0.5B model's weights, read one row per token, so its precision costs nothing in speed."""
+
+    def __init__(self, embedding: nn.Embedding, out_dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("table", embedding.weight.detach().to(torch.bfloat16))
+        self.padding_idx, self.out_dtype = embedding.padding_idx, out_dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.table, self.padding_idx).to(self.out_dtype)
+
+
+class Int4Linear(nn.Module):
+    """Asymmetric int4 weights in groups along the input dimension, packed for ATen's CPU kernel."""
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
+                 in_features: int, out_features: int, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "Int4Linear":
+        w = linear.weight.detach().float()
+        n, k = w.shape
+        group = next(g for g in INT4_GROUP_SIZES if k % g == 0)
+        grouped = w.reshape(n, k // group, group)
+        low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+        scale = ((high - low) / 15.0).clamp(min=1e-8)
+        q = torch.round((grouped - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
+        # The kernel computes (q - 8) * scale + zero, so zero is the value of the group's middle code.
+        zero = low + 8 * scale
+        scales_and_zeros = torch.stack([scale.squeeze(-1), zero.squeeze(-1)], dim=-1).transpose(0, 1)
+        packed = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        return cls(packed, scales_and_zeros.contiguous().to(torch.bfloat16), group, k, n, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, int4 groups of {self.group_size}"
+
+
+def _int4_fits(linear: nn.Linear) -> bool:
+    n, k = linear.weight.shape
+    return n % 8 == 0 and any(k % g == 0 for g in INT4_GROUP_SIZES)
+
+
+def compute_dtype(fmt: str) -> torch.dtype:
+    """The dtype of activations and of the KV cache under `fmt`."""
+    return {"bf16": torch.bfloat16, "int4": torch.bfloat16, "fp16": torch.float16}.get(fmt, torch.float32)
+
+
+def load_dtype(fmt: str) -> torch.dtype:
+    """The dtype to read the checkpoint in: quantized formats start from fp32."""
+    return torch.float32 if fmt in QUANTIZED else compute_dtype(fmt)
+
+
+def convert(model: nn.Module, fmt: str) -> nn.Module:
+    """Turn a freshly loaded fp32 model into `fmt` in place (fp32 | bf16 | int8 | int4).
+
+    Every nn.Linear is quantized, the lm_head too: with a 152k-token vocabulary it holds a quarter
+    of a 0.5B model's weights, and each decode step reads all of it. Quantization reads the fp32
+    weights, so every load of a format gives the same weights.
+    """
+    if fmt not in FORMATS + ("fp16",):
+        raise ValueError(f"unknown weight format '{fmt}': use one of {', '.join(FORMATS)}")
+    if fmt not in QUANTIZED:
+        return model.to(compute_dtype(fmt))
+    kept = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.Linear):
+                if fmt == "int4" and not _int4_fits(child):
+                    kept += 1  # the kernel needs whole groups; such a layer stays in bf16
+                    continue
+                setattr(parent, name, (Int8Linear if fmt == "int8" else Int4Linear).from_linear(child))
+            elif isinstance(child, nn.Embedding):
+                setattr(parent, name, CompactEmbedding(child, compute_dtype(fmt)))
+    if kept:
+        log.info("%s: %d linear layers have shapes the int4 kernel cannot take; they stay bf16", fmt, kept)
+    # A tied lm_head now has its own quantized copy; untie so nothing ties them again.
+    for cfg in (model.config, model.config.get_text_config()):
+        if getattr(cfg, "tie_word_embeddings", False):
+            cfg.tie_word_embeddings = False
+    # Norms and int4's leftover layers take the compute dtype; the quantized modules keep theirs.
+    # Copies, not views: a view of the memory-mapped checkpoint would keep all of it resident.
+    for module in model.modules():
+        if not isinstance(module, (Int8Linear, Int4Linear, CompactEmbedding)):
+            for param in module.parameters(recurse=False):
+                param.data = param.data.to(compute_dtype(fmt), copy=True)
+    use_row_exact_attention(model)
+    _return_freed_memory()
+    return model
+
+
+def _return_freed_memory() -> None:
+    """Quantizing frees ~2 GB of fp32 temporaries in pieces glibc keeps; hand them back to the OS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def row_exact_attention(module, query, key, value, attention_mask, **kwargs):
+    """Attention for a verify forward computed one query row at a time, each row exactly the call a
+    one-token decode step makes at that position (same kernel, same keys). Batched SDPA takes other
+    code paths for k rows than for one (transformers packs GQA heads for single tokens), and its
+    tiny differences would reach the next layer's int8 rounding."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    rows = query.shape[2]
+    if rows == 1 or rows >= ROW_EXACT_BELOW:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    past = key.shape[2] - rows
+    out = [sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :past + i + 1],
+                                  value[:, :, :past + i + 1], None, **kwargs)[0] for i in range(rows)]
+    return torch.cat(out, dim=1), None
+
+
+def use_row_exact_attention(model: nn.Module) -> None:
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import sdpa_mask
+
+    AttentionInterface.register(ROW_EXACT_ATTENTION, row_exact_attention)
+    AttentionMaskInterface.register(ROW_EXACT_ATTENTION, sdpa_mask)
+    model.set_attn_implementation(ROW_EXACT_ATTENTION)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of weights the model holds (parameters and buffers, shared tensors once)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def kernel_problem(fmt: str, device: torch.device) -> str | None:
+    """Why `fmt` cannot run on this device, or None. Tries the kernel once on a tiny layer."""
+    if fmt not in QUANTIZED:
+        return None
+    if device.type != "cpu":
+        return f"{fmt} weights use CPU kernels here; this device is {device.type}"
+    try:
+        layer = (Int8Linear if fmt == "int8" else Int4Linear).from_linear(nn.Linear(128, 32))
+        layer(torch.randn(2, 128, dtype=compute_dtype(fmt)))
+    except Exception as exc:  # noqa: BLE001 - a missing or broken kernel is one log line, not a crash
+        return f"the {fmt} kernel does not run in torch {torch.__version__}: {type(exc).__name__}: {exc}".splitlines()[0]
+    return None
