@@ -124,6 +124,7 @@ def cmd_complete(args) -> int:
         result = engine.complete(CompletionRequest(
             prefix=text[:offset], suffix=text[offset:], path=path.name, document=str(path.resolve()),
             language=language_from_path(str(path)), scope=args.scope, temperature=args.temperature))
+        weights = engine.info()["weights"]
     finally:
         engine.close()
     if args.json:
@@ -133,7 +134,8 @@ def cmd_complete(args) -> int:
         print(result.text)
         print(f"[{s.generated_tokens} tokens in {s.target_forwards} target forwards "
               f"({s.tokens_per_forward:.2f}/forward), drafter {s.drafter}, accepted {s.accepted_tokens}/{s.drafted_tokens} "
-              f"drafted, prefill {s.prefill_ms:.0f} ms, decode {s.decode_ms:.0f} ms, stopped: {s.stopped}]", file=sys.stderr)
+              f"drafted, prefill {s.prefill_ms:.0f} ms, decode {s.decode_ms:.0f} ms, stopped: {s.stopped}; "
+              f"weights {weights}]", file=sys.stderr)
     return 0
 
 

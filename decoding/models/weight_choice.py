@@ -120,6 +120,8 @@ class TimingCache:
 
     def put(self, key: str, fmt: str, timing: FormatTiming) -> None:
         data = self._read()
+        # forget models whose directory is gone (tests, moved checkouts)
+        data = {k: v for k, v in data.items() if not k.startswith("/") or Path(k.split(" | ")[0]).exists()}
         data.setdefault(key, {})[fmt] = asdict(timing)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -185,3 +185,37 @@ def test_llamacpp_worker_reports_errors_from_its_process(tmp_path):
     finally:
         worker.close()
     assert worker.proc.returncode == 0
+
+
+def test_every_mode_runs_at_each_weight_format_with_quality(tiny_model_dir, tmp_path):
+    from decoding.api import EngineConfig
+    from decoding.bench.cli import parse_formats
+    from decoding.engine import Engine
+
+    assert parse_formats("auto,int8,int8") == ["auto", "int8"]
+    with pytest.raises(Exception, match="unknown weights int3"):
+        parse_formats("fp32,int3")
+    engines = {}
+    for fmt in ("int8", "fp32"):  # the first is the one typing and cancel use, as `auto`'s pick is
+        engines[fmt] = Engine(EngineConfig(target=str(tiny_model_dir), weights=fmt, max_tokens=8, context_tokens=256,
+                                           measure_cost=False))
+        engines[fmt].load()
+    cases = _cases_from_text(tmp_path)
+    try:
+        settings = BenchSettings(max_tokens=8, modes=("hf-plain", "none", "auto"), typing_cases=0, cancel_tries=0)
+        bench = Bench(engines, cases[:1], settings, target_spec=str(tiny_model_dir), quality_cases=cases[1:])
+        bench.run()
+    finally:
+        for e in engines.values():
+            e.close()
+    data = build_report_data(bench, list(settings.modes), {"target": "tiny", "cases": 1, "max_tokens": 8})
+    assert set(data["modes"]) == {"hf-plain", "none@int8", "none@fp32", "auto@int8", "auto@fp32"}
+    assert data["modes"]["auto@int8"]["family_plain"] == "none@int8"
+    for key in ("auto@int8", "auto@fp32"):
+        assert data["modes"][key]["identical_rate_vs_family_plain"] == 1.0
+    assert data["modes"]["none@fp32"]["identical_rate"] == 1.0  # fp32 is hf-plain's own weights
+    q = data["quality"]["formats"]
+    assert set(q) == {"fp32", "int8"} and q["fp32"]["quality_cases"] == 2 and q["fp32"]["drop_points"] == 0.0
+    assert "passes_gate" in q["int8"] and data["quality_runs"]["int8"][0]["first_line_exact"] is not None
+    report = markdown(data)
+    assert "| auto@int8 |" in report and "| int8 | 2 |" in report

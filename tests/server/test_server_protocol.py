@@ -96,6 +96,7 @@ async def test_stats_describe_the_loaded_model(vscode, tiny_model_dir):
     assert s["target"] == str(tiny_model_dir)
     assert (s["device"], s["dtype"], s["drafter"], s["draft"]) == ("cpu", "float32", "auto", None)
     assert s["fimTemplate"] == "qwen2.5-coder"
+    assert s["weights"] in ("fp32", "int8") and s["weightsReason"]  # `auto` says what it chose and why
     assert set(s) >= {"last", "cumulative", "requests", "suggestions"}
 
 
