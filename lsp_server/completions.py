@@ -117,6 +117,7 @@ class Completions:
         self._indent_cache: dict[str, tuple[int, IndentStyle]] = {}
         self._background: set[asyncio.Task] = set()
         self._items: OrderedDict[str, ItemRecord] = OrderedDict()
+        self.last_stats: dict | None = None  # engine stats of the last suggestion the editor waited for
 
     # ---- the request path ----------------------------------------------------------------------
 
@@ -185,6 +186,7 @@ class Completions:
         if result.stats.stopped == "error":
             log.warning("the engine stopped with an error for %s", uri)
             return None
+        self.last_stats = result.stats.to_dict()
         suggestion = finish(result.text, instant=False)
         if suggestion is not None and use_memory:
             self.typeahead.remember(uri, prefix, suffix, suggestion.text)

@@ -145,20 +145,22 @@ class DraftwiseServer(LanguageServer):
 
     def stats(self) -> dict[str, Any]:
         engine = self.engine_host.stats()
-        return {**engine, "timing": last_timing(engine.get("last")),
+        return {**engine, "timing": last_timing(self.completions.last_stats),
                 "suggestions": self.completions.counts.to_dict(),
                 "positionEncoding": self.documents.encoding, "openDocuments": len(self.documents)}
 
 
 def last_timing(last: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What the editors show about the last engine run: how long it took from request to text, and
-    its decoding speed (generated tokens per second of decoding, prompt reading excluded)."""
+    """What the editors show about the last suggestion an editor waited for (not type-ahead answers,
+    nor runs that were cancelled): how long the engine took from request to text, and its decoding
+    speed (generated tokens per second of decoding, prompt reading excluded; None without tokens)."""
     if not last:
         return None
     prefill, decode = last.get("prefill_ms") or 0.0, last.get("decode_ms") or 0.0
     tokens = last.get("generated_tokens") or 0
+    speed = round(tokens * 1000.0 / decode, 1) if decode > 0 and tokens > 0 else None
     return {"latencyMs": round(prefill + decode, 1), "firstTokenMs": last.get("first_token_ms"),
-            "tokens": tokens, "tokensPerSecond": round(tokens * 1000.0 / decode, 1) if decode > 0 else None}
+            "tokens": tokens, "tokensPerSecond": speed}
 
 
 def create_server(config: EngineConfig) -> DraftwiseServer:

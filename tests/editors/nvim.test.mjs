@@ -202,7 +202,7 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     const typeLine = async (text) => {
       const shown = nvim.probe('server_stats').suggestions.shown;
       nvim.send(`<Esc>Go${text}`);
-      await new Promise((resolve) => setTimeout(resolve, 800)); // debounce (100 ms) and a tiny-model reply
+      await new Promise((resolve) => setTimeout(resolve, 500)); // debounce (100 ms) and a tiny-model reply
       return { suggestion: nvim.probe('suggestion'), asked: nvim.probe('server_stats').suggestions.shown > shown };
     };
     for (const [scope, status] of [['buffer', 'draftwise: off (buffer)'], ['language', 'draftwise: off (filetype)'],

@@ -54,10 +54,25 @@ local function clear_extmark(state)
   state.suggestion = nil
 end
 
+--- Whether any buffer waits for a reply ("generating…" in the statusline).
+local function any_pending()
+  for _, state in pairs(buffers) do
+    if state.pending then
+      return true
+    end
+  end
+  return false
+end
+
+local function set_pending(state, pending)
+  state.pending = pending
+  draftwise().generating(any_pending())
+end
+
 local function cancel_pending(state)
   if state.pending then
     pcall(compat.cancel_request, state.pending.client, state.pending.id)
-    state.pending = nil
+    set_pending(state, nil)
   end
 end
 
@@ -258,8 +273,7 @@ function M.trigger(bufnr, kind)
     if state.seq ~= seq then
       return -- a newer request or an edit superseded this one
     end
-    state.pending = nil
-    draftwise().generating(false)
+    set_pending(state, nil)
     if err then
       vim.notify_once('draftwise: ' .. (err.message or tostring(err)), vim.log.levels.WARN)
       return
@@ -277,8 +291,7 @@ function M.trigger(bufnr, kind)
     draftwise().get_stats()
   end, bufnr)
   if ok and id then
-    state.pending = { client = client, id = id }
-    draftwise().generating(true)
+    set_pending(state, { client = client, id = id })
   end
 end
 
