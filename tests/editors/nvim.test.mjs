@@ -298,12 +298,12 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     const firstPid = nvim.serverPid();
     assert.ok(firstPid, 'the server process');
     process.kill(firstPid, 'SIGKILL');
-    await waitFor('a new server', () => { const pid = nvim.serverPid(); return pid && pid !== firstPid; }, { timeoutMs: 20_000 });
+    const secondPid = await waitFor('a new server', () => { const pid = nvim.serverPid(); return pid && pid !== firstPid && pid; },
+      { timeoutMs: 20_000 });
     assert.match(nvim.probe('messages'), /draftwise: the server exited \(code \d+, signal 9\); restarting it \(1 of 3\)/);
-    await nvim.waitReady(model.loadTimeoutMs);
+    await waitFor('the new server attached', () => nvim.probe('state').client, { timeoutMs: 20_000 });
     // A server that keeps dying is left alone after `restart.max` restarts within the window.
     nvim.lua('require("draftwise").config.restart = { max = 1, window_s = 60 }');
-    const secondPid = nvim.serverPid();
     process.kill(secondPid, 'SIGKILL');
     await waitFor('the plugin to give up', () => /not restarted: it exited 2 times within 60 s/.test(nvim.probe('messages')),
       { timeoutMs: 10_000 });

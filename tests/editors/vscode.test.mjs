@@ -328,7 +328,8 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
       await vscode.page.click('.editor-instance .view-lines');
       await vscode.press('Control', 'End');
       await vscode.page.keyboard.type(' f', { delay: 60 });
-      return waitFor('a request', () => requestsFor(vscode.tapLog, uri) > before, { timeoutMs: 2500 }).catch(() => false);
+      // VS Code asks 30-100 ms after a keystroke; 1.5 s without a request means it did not.
+      return waitFor('a request', () => requestsFor(vscode.tapLog, uri) > before, { timeoutMs: 1500 }).catch(() => false);
     };
     const menu = async (label) => {
       await vscode.page.click('.statusbar-item[id$="draftwise.status"]');
