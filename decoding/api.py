@@ -43,6 +43,7 @@ class CompletionRequest:
     top_k: int = 0
     seed: int | None = None
     time_limit_s: float | None = None  # stop (stopped="time_limit") after this much decode time
+    alternatives: int = 0  # other suggestions wanted after the greedy one (decoding/alternatives.py)
 
 
 @dataclass
@@ -85,9 +86,13 @@ class RequestStats:
 class CompletionResult:
     text: str
     stats: RequestStats
+    alternatives: list[str] = field(default_factory=list)  # distinct from text; empty unless asked for
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "stats": self.stats.to_dict()}
+        out = {"text": self.text, "stats": self.stats.to_dict()}
+        if self.alternatives:
+            out["alternatives"] = list(self.alternatives)
+        return out
 
 
 class CancelToken:

@@ -351,7 +351,18 @@ class Engine:
             text = text[:finish.keep_chars]
         if stats.stopped != "cancelled":
             self.memory.remember(req.document, req.prefix, req.suffix, text)
-        return self._record(CompletionResult(text, stats))
+        result = CompletionResult(text, stats)
+        if req.alternatives and stats.stopped not in ("cancelled", "error"):
+            # After the greedy run, which they leave untouched (see decoding/alternatives.py).
+            from decoding import alternatives
+            result.alternatives = alternatives.generate(self, req, prompt, text, finish, cancel, req.alternatives)
+        return self._record(result)
+
+    def remember(self, document: str, prefix: str, suffix: str, text: str) -> None:
+        """A suggestion the user took (an alternative, or part of one): the suggestion drafter
+        drafts the rest of it when the next request runs along it."""
+        self._require_ready()
+        self._call(lambda: self.memory.remember(document, prefix, suffix, text))
 
     def _drop_caches(self) -> None:
         """After a failure (e.g. out of memory) free what the caches hold; the next request starts cold."""

@@ -10,6 +10,9 @@ single popup item, for clients without inline completion):
    task awaiting it, and we pass that on to the job, which stops inside the verify loop;
 4. shape the text into an edit (postprocess) and build the item.
 
+An explicitly invoked request (triggerKind Invoked) asks the engine for alternatives too and answers
+with up to `alternatives` distinct items, the greedy one first; automatic triggers get one item.
+
 A request whose answer would be stale (a newer request for the document, or an edit after it was
 sent) is answered with null, the result the spec allows when there is nothing to show.
 """
@@ -18,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from lsprotocol import types
@@ -55,6 +59,19 @@ class Suggestion:
     range: types.Range  # on one line: from the cursor (or the selected popup item) to the end of
     # the auto-closed characters the text replaces
     instant: bool  # answered from the suggestion already on screen (type-ahead)
+    alternative: bool = False  # not the greedy suggestion but one of the alternatives after it
+    alternatives: tuple["Suggestion", ...] = ()  # further items for the same request, in order
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """What the server needs to know about a sent item when the client reports taking (part of) it."""
+
+    uri: str
+    prefix: str  # document text before the item's range
+    suffix: str
+    text: str  # what the item inserts
+    alternative: bool
 
 
 @dataclass
@@ -64,10 +81,20 @@ class SuggestionCounts:
     accepted: int = 0
     partially_accepted: int = 0
     accepted_chars: int = 0
+    alternatives_shown: int = 0
+    alternatives_accepted: int = 0  # whole or in part
+    partial_by_kind: dict[str, int] = field(default_factory=dict)  # "word" / "line" / "other"
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict:
         return {"shown": self.shown, "instant": self.instant, "accepted": self.accepted,
-                "partiallyAccepted": self.partially_accepted, "acceptedChars": self.accepted_chars}
+                "partiallyAccepted": self.partially_accepted, "acceptedChars": self.accepted_chars,
+                "alternativesShown": self.alternatives_shown,
+                "alternativesAccepted": self.alternatives_accepted,
+                "partiallyAcceptedBy": dict(self.partial_by_kind)}
+
+
+PARTIAL_KINDS = ("word", "line", "other")
+ITEMS_REMEMBERED = 256  # sent items whose acceptance the server can still use
 
 
 def cursor_line(prefix: str, suffix: str) -> tuple[str, str]:
@@ -89,11 +116,14 @@ class Completions:
         self._ids = itertools.count(1)
         self._indent_cache: dict[str, tuple[int, IndentStyle]] = {}
         self._background: set[asyncio.Task] = set()
+        self._items: OrderedDict[str, ItemRecord] = OrderedDict()
+        self.last_stats: dict | None = None  # engine stats of the last suggestion the editor waited for
 
     # ---- the request path ----------------------------------------------------------------------
 
     async def suggest(self, uri: str, position: types.Position, *, arrival_version: int | None = None,
-                      selected: types.SelectedCompletionInfo | None = None) -> Suggestion | _Superseded | None:
+                      selected: types.SelectedCompletionInfo | None = None,
+                      invoked: bool = False) -> Suggestion | _Superseded | None:
         doc = self.documents.get(uri)
         if doc is None:
             raise JsonRpcInvalidParams(f"document is not open: {uri}")
@@ -119,12 +149,18 @@ class Completions:
         request = self._request(doc, prefix, suffix, settings)
         version = doc.version
 
-        def finish(text: str, instant: bool) -> Suggestion | None:
+        def finish(text: str, instant: bool, alternative: bool = False) -> Suggestion | None:
             edit = shape(text, line_before, line_after, indent)
-            return None if edit is None else self._suggestion(doc, start, end, inserted, edit, instant)
+            if edit is None:
+                return None
+            return self._suggestion(doc, start, end, inserted, edit, instant, alternative, prefix, suffix)
 
         use_memory = selected is None  # a popup selection is hypothetical text: don't remember it
-        instant = self.typeahead.continuation(uri, prefix, suffix) if use_memory else None
+        # Asked for by hand: the user waits for a choice, so no instant answer from type-ahead.
+        if invoked and settings.alternatives > 1:
+            request.alternatives = settings.alternatives - 1
+        instant = (self.typeahead.continuation(uri, prefix, suffix)
+                   if use_memory and not request.alternatives else None)
         if instant is not None:
             job = self._submit(request, version)
             if job is not None:
@@ -150,9 +186,20 @@ class Completions:
         if result.stats.stopped == "error":
             log.warning("the engine stopped with an error for %s", uri)
             return None
+        self.last_stats = result.stats.to_dict()
         suggestion = finish(result.text, instant=False)
         if suggestion is not None and use_memory:
             self.typeahead.remember(uri, prefix, suffix, suggestion.text)
+        others: list[Suggestion] = []
+        for text in result.alternatives:
+            other = finish(text, instant=False, alternative=True)
+            # Distinct as the editor shows them (shaping can make two texts equal).
+            if other is not None and other.text not in {s.text for s in [suggestion, *others] if s}:
+                others.append(other)
+        if suggestion is None:
+            return others[0] if others else None  # the greedy text shaped to nothing; show the rest
+        if others:
+            suggestion = replace(suggestion, alternatives=tuple(others))
         return suggestion
 
     def _request(self, doc: OpenDocument, prefix: str, suffix: str, settings: Settings) -> CompletionRequest:
@@ -207,14 +254,19 @@ class Completions:
         return cached[1]
 
     def _suggestion(self, doc: OpenDocument, start: int, end: int, inserted: str, edit: Edit,
-                    instant: bool) -> Suggestion:
+                    instant: bool, alternative: bool, prefix: str, suffix: str) -> Suggestion:
         encoding = self.documents.encoding
         replaced = types.Range(start=doc.position_at(start, encoding),
                                end=doc.position_at(end + edit.replace, encoding))
         self.counts.shown += 1
         self.counts.instant += instant
-        return Suggestion(id=str(next(self._ids)), uri=doc.uri, text=inserted + edit.text,
-                          range=replaced, instant=instant)
+        self.counts.alternatives_shown += alternative
+        suggestion = Suggestion(id=str(next(self._ids)), uri=doc.uri, text=inserted + edit.text,
+                                range=replaced, instant=instant, alternative=alternative)
+        self._items[suggestion.id] = ItemRecord(doc.uri, doc.text[:start], suffix, suggestion.text, alternative)
+        while len(self._items) > ITEMS_REMEMBERED:
+            self._items.popitem(last=False)
+        return suggestion
 
     # ---- document events -----------------------------------------------------------------------
 
@@ -230,15 +282,38 @@ class Completions:
         length = info.get("length")
         if isinstance(length, int) and not isinstance(length, bool) and length >= 0:
             self.counts.accepted_chars += length
+        record = self._items.pop(info["id"], None)
+        if record is not None and record.alternative:
+            self.counts.alternatives_accepted += 1
+            # The engine remembers only its greedy text; what the user took is what they build on.
+            self.host.remember(record.uri, record.prefix, record.suffix, record.text)
 
     def partially_accepted(self, arguments: Sequence[object]) -> None:
+        """The user took the first `acceptedLength` characters of an item (a word, a line). The rest
+        is what they are likely to type next: it becomes the type-ahead answer for the next keystroke
+        and the suggestion drafter's draft, even when the item was an alternative."""
         info = _command_argument(arguments, PARTIALLY_ACCEPTED_COMMAND)
         length = info.get("acceptedLength")
         if not isinstance(length, int) or isinstance(length, bool) or length < 0:
             raise JsonRpcInvalidParams(f"{PARTIALLY_ACCEPTED_COMMAND} needs a non-negative "
                                        f"'acceptedLength', got {length!r}")
+        kind = info.get("kind", "other")
+        if kind not in PARTIAL_KINDS:
+            raise JsonRpcInvalidParams(f"{PARTIALLY_ACCEPTED_COMMAND}: 'kind' must be one of "
+                                       f"{', '.join(PARTIAL_KINDS)}, got {kind!r}")
+        record = self._items.get(info["id"])
+        if record is not None and length > len(record.text):
+            raise JsonRpcInvalidParams(f"{PARTIALLY_ACCEPTED_COMMAND}: acceptedLength {length} is longer than "
+                                       f"item {info['id']} ({len(record.text)} characters)")
         self.counts.partially_accepted += 1
         self.counts.accepted_chars += length
+        self.counts.partial_by_kind[kind] = self.counts.partial_by_kind.get(kind, 0) + 1
+        if record is None:
+            return  # an item from before a restart, or long gone: counted, nothing to remember
+        if record.alternative:
+            self.counts.alternatives_accepted += 1
+        self.typeahead.remember(record.uri, record.prefix, record.suffix, record.text)
+        self.host.remember(record.uri, record.prefix, record.suffix, record.text)
 
 
 def _command_argument(arguments: Sequence[object], command: str) -> dict:
@@ -260,7 +335,8 @@ def inline_result(s: Suggestion | _Superseded | None) -> types.InlineCompletionL
     if s is None:
         return types.InlineCompletionList(items=[])
     return types.InlineCompletionList(items=[
-        types.InlineCompletionItem(insert_text=s.text, range=s.range, command=_accept_command(s))])
+        types.InlineCompletionItem(insert_text=item.text, range=item.range, command=_accept_command(item))
+        for item in (s, *s.alternatives)])
 
 
 def completion_label(text: str, limit: int = 60) -> str:

@@ -5,7 +5,7 @@ Editors send these keys (camelCase, as in editor settings files), either at the 
 `draftwise` section:
 
     target, draft, drafter, maxTokens, device, dtype, weights, draftWeights, temperature, contextTokens,
-    languages, scope
+    languages, scope, alternatives
 
 A bad value never takes the server down: that key keeps its previous value and the problem comes back
 as one clear sentence for the user. Unknown keys are ignored (and logged by the caller).
@@ -25,6 +25,7 @@ _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 MAX_TOKENS_LIMIT = 4096
 CONTEXT_TOKENS_RANGE = (64, 131072)
 TEMPERATURE_RANGE = (0.0, 2.0)
+ALTERNATIVES_RANGE = (1, 10)
 
 # Changing any of these means different weights: the engine reloads. (The prompt budget, drafter,
 # max tokens and temperature travel with each request.)
@@ -37,6 +38,7 @@ class Settings:
     temperature: float = 0.0
     languages: tuple[str, ...] | None = None  # LSP language ids to complete in; None: all
     scope: str = "auto"  # passed to the engine with each request
+    alternatives: int = 3  # most items for an explicitly invoked completion (the greedy one included)
 
     def serves_language(self, language_id: str) -> bool:
         return self.languages is None or language_id in self.languages
@@ -127,6 +129,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "temperature": (_temperature, "temperature"),
     "languages": (_languages, "languages"),
     "scope": (_choice(SCOPES), "scope"),
+    "alternatives": (_int_range(*ALTERNATIVES_RANGE), "alternatives"),
 }
 KNOWN_KEYS = tuple(_KEYS)
 

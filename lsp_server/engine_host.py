@@ -147,6 +147,15 @@ class EngineHost:
         if entry is not None and entry[1] is job:
             del self._in_flight[document]
 
+    def remember(self, document: str, prefix: str, suffix: str, text: str) -> None:
+        """Tell the engine's suggestion memory about text the user took (see Completions)."""
+        if not self.ready or self._engine is None:
+            return
+        try:
+            self._engine.remember(document, prefix, suffix, text)
+        except Exception:  # a closing engine; the memory is an optimisation only
+            log.debug("engine.remember failed", exc_info=True)
+
     def cancel_all(self) -> None:
         for _, job in self._in_flight.values():
             job.cancel()

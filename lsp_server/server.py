@@ -144,8 +144,23 @@ class DraftwiseServer(LanguageServer):
         return info
 
     def stats(self) -> dict[str, Any]:
-        return {**self.engine_host.stats(), "suggestions": self.completions.counts.to_dict(),
+        engine = self.engine_host.stats()
+        return {**engine, "timing": last_timing(self.completions.last_stats),
+                "suggestions": self.completions.counts.to_dict(),
                 "positionEncoding": self.documents.encoding, "openDocuments": len(self.documents)}
+
+
+def last_timing(last: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the editors show about the last suggestion an editor waited for (not type-ahead answers,
+    nor runs that were cancelled): how long the engine took from request to text, and its decoding
+    speed (generated tokens per second of decoding, prompt reading excluded; None without tokens)."""
+    if not last:
+        return None
+    prefill, decode = last.get("prefill_ms") or 0.0, last.get("decode_ms") or 0.0
+    tokens = last.get("generated_tokens") or 0
+    speed = round(tokens * 1000.0 / decode, 1) if decode > 0 and tokens > 0 else None
+    return {"latencyMs": round(prefill + decode, 1), "firstTokenMs": last.get("first_token_ms"),
+            "tokens": tokens, "tokensPerSecond": speed}
 
 
 def create_server(config: EngineConfig) -> DraftwiseServer:
@@ -195,7 +210,8 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
     async def inline_completion(ls: DraftwiseServer, params: types.InlineCompletionParams):
         suggestion = await ls.completions.suggest(
             params.text_document.uri, params.position, arrival_version=arrival_version.get(),
-            selected=params.context.selected_completion_info)
+            selected=params.context.selected_completion_info,
+            invoked=params.context.trigger_kind == types.InlineCompletionTriggerKind.Invoked)
         return inline_result(suggestion)
 
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions())

@@ -3,13 +3,13 @@
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { here, makeTempDir, serverCommand, serverEnv, spawnLogged, stopTree, tool, waitFor } from './lib.mjs';
+import { descendants, here, makeTempDir, serverCommand, serverEnv, spawnLogged, stopTree, tool, waitFor } from './lib.mjs';
 
 export const INIT = path.join(here, 'nvim', 'init.lua');
 
 /** Environment for an isolated Neovim (no user config or plugins) that starts our server. */
-export function nvimEnv({ home, settings, serverLog }) {
-  const env = serverEnv();
+export function nvimEnv({ home, settings, serverLog, extraEnv = {} }) {
+  const env = { ...serverEnv(), ...extraEnv };
   for (const dir of ['config', 'data', 'state', 'cache']) {
     env[`XDG_${dir.toUpperCase()}_HOME`] = path.join(home, dir);
   }
@@ -40,6 +40,11 @@ export class NvimClient {
     execFileSync(this.nvim, ['--server', this.socket, '--remote-send', keys], { timeout: 10_000 });
   }
 
+  /** Runs Lua in Neovim (a statement, through <Cmd>, so the mode is kept). */
+  lua(code) {
+    this.send(`<Cmd>lua ${code.replace(/</g, '<lt>')}<CR>`);
+  }
+
   async waitReady(timeoutMs) {
     return waitFor('the draftwise server to be ready in Neovim', () => {
       const state = this.probe('state');
@@ -58,7 +63,7 @@ export class NvimClient {
 
 /** Neovim without a UI (--headless), for driving through RPC. */
 export class HeadlessNvim extends NvimClient {
-  static async start({ file, settings, logDir, name }) {
+  static async start({ file, settings, logDir, name, env: extraEnv = {} }) {
     const home = makeTempDir(`nvim-${name}`);
     const socket = path.join(home, 'nvim.sock');
     const nvim = new HeadlessNvim(socket);
@@ -70,10 +75,22 @@ export class HeadlessNvim extends NvimClient {
     nvim.process = spawnLogged(nvim.nvim, ['--headless', '--listen', socket, '-u', INIT, file], {
       logFile: nvim.log,
       cwd: path.dirname(file),
-      env: nvimEnv({ home, settings, serverLog: nvim.serverLog }),
+      env: nvimEnv({ home, settings, serverLog: nvim.serverLog, extraEnv }),
     });
     await nvim.waitSocket();
     return nvim;
+  }
+
+  /** Process id of the language server Neovim started (the newest, after a restart). */
+  serverPid() {
+    const pids = descendants(this.process.pid).filter((pid) => {
+      try {
+        return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').includes('serve');
+      } catch {
+        return false;
+      }
+    });
+    return pids.length ? Math.max(...pids) : null;
   }
 
   async stop() {
@@ -88,7 +105,7 @@ export class HeadlessNvim extends NvimClient {
 
 /** Neovim with its real terminal UI inside a private tmux server; keys are typed with send-keys. */
 export class TmuxNvim extends NvimClient {
-  static async start({ file, settings, logDir, name, width = 100, height = 30 }) {
+  static async start({ file, settings, logDir, name, width = 100, height = 30, env: extraEnv = {} }) {
     const home = makeTempDir(`tmux-${name}`);
     const socket = path.join(home, 'nvim.sock');
     const t = new TmuxNvim(socket);
@@ -96,10 +113,10 @@ export class TmuxNvim extends NvimClient {
     t.tmuxSocket = path.join(home, 'tmux.sock');
     t.serverLog = path.join(logDir, `${name}-server.log`);
     fs.rmSync(t.serverLog, { force: true });
-    const env = nvimEnv({ home, settings, serverLog: t.serverLog });
+    const env = nvimEnv({ home, settings, serverLog: t.serverLog, extraEnv });
     const envArgs = [];
     for (const key of ['DRAFTWISE_TEST_CMD', 'DRAFTWISE_TEST_SETTINGS', 'PYTHONPATH', 'XDG_CONFIG_HOME',
-      'XDG_DATA_HOME', 'XDG_STATE_HOME', 'XDG_CACHE_HOME']) {
+      'XDG_DATA_HOME', 'XDG_STATE_HOME', 'XDG_CACHE_HOME', ...Object.keys(extraEnv)]) {
       envArgs.push('-e', `${key}=${env[key]}`);
     }
     t.tmux(['-f', '/dev/null', 'new-session', '-d', '-s', 'draftwise', '-x', String(width), '-y', String(height),

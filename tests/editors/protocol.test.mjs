@@ -138,9 +138,18 @@ describe('draftwise server over LSP (tiny model)', { timeout: 600_000 }, () => {
     assert.equal(synced.version, version);
   });
 
-  test('an invoked trigger is answered too', { timeout: model.replyTimeoutMs }, async () => {
-    const items = itemsOf(await session.inlineCompletion(uri, endOf(text), 1));
-    assert.equal(items.length, 1);
+  test('an invoked trigger gets up to three distinct items, the automatic one first', { timeout: model.replyTimeoutMs }, async () => {
+    // A fresh line, so that neither answer comes from the type-ahead memory.
+    version += 1;
+    const end = endOf(text);
+    await session.change(uri, version, [{ range: { start: end, end }, text: '\n\nclass Stack:\n    def push(self, item):\n        ' }]);
+    text += '\n\nclass Stack:\n    def push(self, item):\n        ';
+    const automatic = itemsOf(await session.inlineCompletion(uri, endOf(text), 2));
+    const invoked = itemsOf(await session.inlineCompletion(uri, endOf(text), 1));
+    assert.equal(automatic.length, 1);
+    assert.ok(invoked.length >= 2 && invoked.length <= 3, `${invoked.length} items`);
+    assert.equal(insertTextOf(invoked[0]), insertTextOf(automatic[0]));
+    assert.equal(new Set(invoked.map(insertTextOf)).size, invoked.length, 'distinct items');
   });
 
   test('maxTokens from workspace/didChangeConfiguration limits the next suggestion', { timeout: model.replyTimeoutMs }, async () => {

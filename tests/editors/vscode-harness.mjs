@@ -1,5 +1,6 @@
 // VS Code (code-server) with the packaged draftwise extension, driven through headless Chromium.
 import chromium from '@sparticuz/chromium';
+import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
@@ -42,11 +43,14 @@ function userSettings({ draftwise, tapLog, serverLog }) {
     'draftwise.server.env': { PYTHONPATH: serverEnv().PYTHONPATH },
     ...Object.fromEntries(Object.entries(draftwise).map(([key, value]) => [`draftwise.${key}`, value])),
     'editor.inlineSuggest.enabled': true,
+    // The inline suggestion toolbar shows "n/m" when there are alternatives.
+    'editor.inlineSuggest.showToolbar': 'always',
     'editor.quickSuggestions': { other: false, comments: false, strings: false },
     'editor.suggestOnTriggerCharacters': false,
     'editor.acceptSuggestionOnEnter': 'off',
-    'editor.autoClosingBrackets': 'never',
-    'editor.autoClosingQuotes': 'never',
+    // As most people have them: the server's ranges must cover what the editor closed by itself.
+    'editor.autoClosingBrackets': 'always',
+    'editor.autoClosingQuotes': 'always',
     'editor.minimap.enabled': false,
     'files.autoSave': 'off',
     'chat.disableAIFeatures': true,
@@ -139,6 +143,71 @@ export class CodeServer {
     }
   }
 
+  userSettings() {
+    return JSON.parse(fs.readFileSync(this.settingsFile, 'utf8'));
+  }
+
+  /** Runs a command from the Command Palette by its title. */
+  async runCommand(title) {
+    const page = this.page;
+    await this.press('F1');
+    await page.waitForSelector('.quick-input-widget:not([style*="display: none"]) input', { timeout: 10_000 });
+    await page.keyboard.type(title, { delay: 10 });
+    // Clicked by its exact label: Enter would run the first row, which may be a recently used one.
+    await this.pick(title, { exact: true });
+  }
+
+  /** Picks the row of the open quick pick whose label starts with `label`. */
+  async pick(label, { exact = false } = {}) {
+    const page = this.page;
+    const find = (l, whole) => [...document.querySelectorAll('.quick-input-list .monaco-list-row')].find((row) => {
+      const text = (row.querySelector('.label-name') ?? row).textContent.replace(/\u00a0/g, ' ').trim();
+      return whole ? text === l : text.startsWith(l);
+    });
+    await waitFor(`"${label}" in the quick pick`, () => page.evaluate(`(${find})(${JSON.stringify(label)}, ${exact}) !== undefined`),
+      { timeoutMs: 10_000 });
+    await page.evaluate(`(${find})(${JSON.stringify(label)}, ${exact}).click()`);
+  }
+
+  /** Records every text the draftwise status bar item shows from now on (window.draftwiseStatusLog). */
+  async recordStatus() {
+    await this.page.evaluate(() => {
+      window.draftwiseStatusLog = [];
+      const item = document.querySelector('.statusbar-item[id$="draftwise.status"]');
+      window.draftwiseStatusObserver?.disconnect();
+      window.draftwiseStatusObserver = new MutationObserver(() => {
+        const text = item.textContent.trim();
+        if (window.draftwiseStatusLog.at(-1) !== text) window.draftwiseStatusLog.push(text);
+      });
+      window.draftwiseStatusObserver.observe(item, { subtree: true, childList: true, characterData: true });
+    });
+  }
+
+  async statusLog() {
+    return this.page.evaluate(() => window.draftwiseStatusLog ?? []);
+  }
+
+  /** Clicks the button labelled `label` on a notification whose text includes `text`. */
+  async clickNotificationButton(text, label) {
+    const page = this.page;
+    await waitFor(`a notification "${text}"`, () => page.evaluate((t, l) => {
+      const toast = [...document.querySelectorAll('.notification-toast, .notifications-list-container .monaco-list-row')]
+        .find((n) => n.textContent.includes(t));
+      const button = toast && [...toast.querySelectorAll('.monaco-button')].find((b) => b.textContent.trim() === l);
+      if (!button) return false;
+      button.click();
+      return true;
+    }, text, label), { timeoutMs: 15_000 });
+  }
+
+  /** Text of the inline suggestion toolbar ("2/3" and its buttons), or null when not shown. */
+  async suggestionToolbar() {
+    return this.page.evaluate(() => {
+      const bar = document.querySelector('.inlineSuggestionsHints');
+      return bar ? bar.textContent : null;
+    });
+  }
+
   /** Text and accessible label of the draftwise status bar item, or null when it is not shown. */
   async statusItem() {
     return this.page.evaluate(() => {
@@ -207,6 +276,35 @@ export class CodeServer {
       const editor = document.querySelector('.settings-editor');
       return !editor || editor.offsetParent === null;
     }), { timeoutMs: 10_000 });
+  }
+
+  /** Sets a checkbox setting the way a person does (Settings editor, search, click). */
+  async setCheckboxSettingInUI(key, value) {
+    const page = this.page;
+    await this.press('Control', 'Comma');
+    await page.waitForSelector('.settings-editor', { visible: true, timeout: 15_000 });
+    await page.click('.settings-editor .settings-header .suggest-input-container');
+    await this.press('Control', 'KeyA');
+    await page.keyboard.type(`@id:${key}`, { delay: 10 });
+    const box = '.settings-editor .setting-item .setting-value-checkbox';
+    await waitFor(`the ${key} setting alone in the results`, () => page.evaluate((selector) =>
+      document.querySelectorAll(selector).length === 1, box), { timeoutMs: 10_000 });
+    const saved = () => {
+      try {
+        return JSON.parse(fs.readFileSync(this.settingsFile, 'utf8'))[key] === value;
+      } catch {
+        return false; // being written
+      }
+    };
+    // The results list is redrawn while the search settles: click until the change is saved.
+    for (let attempt = 0; attempt < 5 && !saved(); attempt++) {
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      const checked = await page.evaluate((selector) => document.querySelector(selector)?.getAttribute('aria-checked') === 'true', box);
+      if (checked !== value) await page.click(box);
+      await waitFor(`${key} saved in the user settings`, saved, { timeoutMs: 2000 }).catch(() => null);
+    }
+    assert.ok(saved(), `${key} was not saved as ${value}`);
+    await this.press('Control', 'KeyW');
   }
 
   async press(...keys) {

@@ -1,9 +1,11 @@
 // A thin client: the draftwise language server builds prompts, runs the models and decides what to
 // suggest; this extension starts it, passes settings, lets VS Code show the inline suggestions
-// (vscode-languageclient registers the inline completion provider) and shows the server's state.
+// (vscode-languageclient registers the inline completion provider), reports partial accepts, turns
+// suggestions on and off, and shows the server's state and the last suggestion's timing.
 import * as fs from 'fs';
 import * as path from 'path';
 import * as vscode from 'vscode';
+import { ENABLE_SETTING, Enablement, OffReason, Scope } from './enablement';
 import {
   DidChangeConfigurationNotification,
   LanguageClient,
@@ -16,8 +18,11 @@ import {
 
 const SECTION = 'draftwise';
 const STATS_REQUEST = 'draftwise/stats';
+const PARTIALLY_ACCEPTED_COMMAND = 'draftwise.partiallyAccepted';
 // Settings that change how the process starts; the rest reach the running server as a notification.
 const PROCESS_KEYS = ['server.command', 'server.args', 'server.env', 'languages'];
+// Settings only the extension reads (changing them is no news for the server).
+const ENABLE_KEY = ENABLE_SETTING;
 
 export interface ServerSettings {
   target: string;
@@ -30,6 +35,7 @@ export interface ServerSettings {
   contextTokens: number;
   languages: string[] | null; // null: every language
   scope: string;
+  alternatives: number;
 }
 
 export interface ServerStats {
@@ -41,8 +47,10 @@ export interface ServerStats {
   device?: string;
   dtype?: string;
   last: { acceptance_rate?: number; tokens_per_forward?: number; [key: string]: unknown } | null;
+  timing?: { latencyMs: number; tokensPerSecond: number | null; tokens: number } | null;
   cumulative?: Record<string, unknown>;
   requests?: number;
+  suggestions?: Record<string, unknown>;
 }
 
 export function readSettings(config: vscode.WorkspaceConfiguration): ServerSettings {
@@ -59,6 +67,7 @@ export function readSettings(config: vscode.WorkspaceConfiguration): ServerSetti
     contextTokens: config.get<number>('contextTokens', 1536),
     languages: languages.length === 0 ? null : languages,
     scope: config.get<string>('scope', 'auto'),
+    alternatives: config.get<number>('alternatives', 3),
   };
 }
 
@@ -69,6 +78,14 @@ function isExecutable(file: string): boolean {
   } catch {
     return false;
   }
+}
+
+/** Where findServerCommand found `command`, in words (for the health report). */
+export function serverCommandSource(configured: string, command: string, folders: readonly string[]): string {
+  if (configured.trim() !== '') {
+    return 'the draftwise.server.command setting';
+  }
+  return folders.some((folder) => command.startsWith(folder + path.sep)) ? "the workspace's virtual environment" : 'PATH';
 }
 
 /** The configured command, else a project virtual environment's draftwise, else draftwise on PATH. */
@@ -102,12 +119,35 @@ function fixed(value: unknown, digits: number): string {
   return typeof value === 'number' ? value.toFixed(digits) : '–';
 }
 
+/** "123 ms · 45.6 tok/s" for the last suggestion, or undefined before the first one. */
+export function timingText(stats: ServerStats | undefined): string | undefined {
+  const timing = stats?.timing;
+  if (!timing || typeof timing.latencyMs !== 'number') {
+    return undefined;
+  }
+  const speed = typeof timing.tokensPerSecond === 'number' ? ` · ${timing.tokensPerSecond.toFixed(1)} tok/s` : '';
+  return `${Math.round(timing.latencyMs)} ms${speed}`;
+}
+
+const OFF_WORDS: Record<OffReason, string> = {
+  file: 'off for this file',
+  language: 'off for this language',
+  everywhere: 'off everywhere',
+  snoozed: 'snoozed',
+};
+
 class StatusBar implements vscode.Disposable {
   private readonly item = vscode.window.createStatusBarItem('draftwise.status', vscode.StatusBarAlignment.Right, 100);
+  private phase: 'starting' | 'loading' | 'ready' | 'error' = 'starting';
+  private errorMessage = '';
+  private lastStats: ServerStats | undefined;
+  private generating = 0; // requests in flight
+  private off: OffReason | undefined;
+  private snoozeMinutes: number | undefined;
 
   constructor() {
     this.item.name = 'Draftwise';
-    this.item.command = 'draftwise.showStats';
+    this.item.command = 'draftwise.menu';
     this.starting();
     this.item.show();
   }
@@ -122,7 +162,8 @@ class StatusBar implements vscode.Disposable {
 
   starting(): void {
     this.progress = {};
-    this.show('$(loading~spin) Draftwise', 'Draftwise: starting the server');
+    this.phase = 'starting';
+    this.render();
   }
 
   private progress: { message?: string; percentage?: number } = {};
@@ -132,12 +173,14 @@ class StatusBar implements vscode.Disposable {
     message ??= this.progress.message;
     percentage ??= this.progress.percentage;
     this.progress = { message, percentage };
-    const amount = percentage === undefined ? '' : ` ${Math.round(percentage)}%`;
-    this.show(`$(loading~spin) Draftwise${amount}`, `Draftwise: loading models${message ? ` (${message})` : ''}`);
+    this.phase = 'loading';
+    this.render();
   }
 
   error(message: string): void {
-    this.show('$(error) Draftwise', `Draftwise: ${message}`, new vscode.ThemeColor('statusBarItem.errorBackground'));
+    this.phase = 'error';
+    this.errorMessage = message;
+    this.render();
   }
 
   stats(stats: ServerStats): void {
@@ -150,19 +193,63 @@ class StatusBar implements vscode.Disposable {
       return;
     }
     this.progress = {};
-    const models = `${stats.target ?? '?'}${stats.draft ? ` + ${stats.draft}` : ''}`;
-    const where = `${stats.device ?? '?'}, ${stats.dtype ?? '?'}, drafter ${stats.drafter ?? '?'}`;
-    if (stats.last) {
+    this.lastStats = stats;
+    this.phase = 'ready';
+    this.render();
+  }
+
+  /** A suggestion request started (true) or ended (false). */
+  request(started: boolean): void {
+    this.generating = Math.max(0, this.generating + (started ? 1 : -1));
+    this.render();
+  }
+
+  enablement(off: OffReason | undefined, snoozeMinutes: number | undefined): void {
+    this.off = off;
+    this.snoozeMinutes = snoozeMinutes;
+    this.render();
+  }
+
+  private render(): void {
+    if (this.phase === 'starting') {
+      this.show('$(loading~spin) Draftwise', 'Draftwise: starting the server');
+      return;
+    }
+    if (this.phase === 'error') {
+      this.show('$(error) Draftwise', `Draftwise: ${this.errorMessage}`, new vscode.ThemeColor('statusBarItem.errorBackground'));
+      return;
+    }
+    if (this.phase === 'loading') {
+      const { message, percentage } = this.progress;
+      const amount = percentage === undefined ? '' : ` ${Math.round(percentage)}%`;
+      this.show(`$(loading~spin) Draftwise${amount}`, `Draftwise: loading models${message ? ` (${message})` : ''}`);
+      return;
+    }
+    const stats = this.lastStats;
+    const models = `${stats?.target ?? '?'}${stats?.draft ? ` + ${stats.draft}` : ''}`;
+    const where = `${stats?.device ?? '?'}, ${stats?.dtype ?? '?'}, drafter ${stats?.drafter ?? '?'}`;
+    if (this.off !== undefined) {
+      const words = this.off === 'snoozed' ? `snoozed ${this.snoozeMinutes ?? 0} min` : OFF_WORDS[this.off];
+      this.show(`$(${this.off === 'snoozed' ? 'watch' : 'circle-slash'}) Draftwise ${words}`,
+        `Draftwise ${words} (the server stays loaded: ${models})\nClick for the menu`);
+      return;
+    }
+    if (this.generating > 0) {
+      this.show('$(loading~spin) Draftwise generating…', 'Draftwise: generating a suggestion');
+      return;
+    }
+    const timing = timingText(stats);
+    if (stats?.last && timing) {
       const accepted = percent(stats.last.acceptance_rate);
       const perForward = fixed(stats.last.tokens_per_forward, 2);
       this.show(
-        `$(check) Draftwise ${accepted} · ${perForward} tok/fwd`,
+        `$(check) Draftwise ${timing}`,
         `Draftwise ready: ${models} (${where})\n` +
-          `Last suggestion: ${accepted} of drafted tokens accepted, ${perForward} tokens per target forward\n` +
-          'Click for full stats',
+          `Last suggestion: ${timing}; ${accepted} of drafted tokens accepted, ${perForward} tokens per target forward\n` +
+          'Click for the menu',
       );
     } else {
-      this.show('$(check) Draftwise', `Draftwise ready: ${models} (${where})\nClick for full stats`);
+      this.show('$(check) Draftwise', `Draftwise ready: ${models} (${where})\nClick for the menu`);
     }
   }
 
@@ -171,22 +258,27 @@ class StatusBar implements vscode.Disposable {
   }
 }
 
-/** A read-only editor tab with the server's latest stats as JSON (no save prompt on close). */
+/** Read-only editor tabs (no save prompt on close): the server's stats as JSON, the health report. */
 class StatsDocument implements vscode.TextDocumentContentProvider, vscode.Disposable {
   static readonly scheme = 'draftwise';
   static readonly uri = vscode.Uri.parse(`${StatsDocument.scheme}:stats.json`);
+  static readonly healthUri = vscode.Uri.parse(`${StatsDocument.scheme}:health.md`);
   private readonly changed = new vscode.EventEmitter<vscode.Uri>();
   private readonly registration = vscode.workspace.registerTextDocumentContentProvider(StatsDocument.scheme, this);
-  private text = '{}\n';
+  private readonly texts = new Map<string, string>();
   readonly onDidChange = this.changed.event;
 
   update(stats: ServerStats): void {
-    this.text = JSON.stringify(stats, null, 2) + '\n';
-    this.changed.fire(StatsDocument.uri);
+    this.set(StatsDocument.uri, JSON.stringify(stats, null, 2) + '\n');
   }
 
-  provideTextDocumentContent(): string {
-    return this.text;
+  set(uri: vscode.Uri, text: string): void {
+    this.texts.set(uri.toString(), text);
+    this.changed.fire(uri);
+  }
+
+  provideTextDocumentContent(uri: vscode.Uri): string {
+    return this.texts.get(uri.toString()) ?? '';
   }
 
   dispose(): void {
@@ -195,9 +287,23 @@ class StatsDocument implements vscode.TextDocumentContentProvider, vscode.Dispos
   }
 }
 
+/** The items of the last reply, to tell which one a partial accept took text from. */
+interface ShownItems {
+  uri: string;
+  items: vscode.InlineCompletionItem[];
+}
+
+/** Code points, as the server counts characters. */
+function characters(text: string): number {
+  return [...text].length;
+}
+
 class DraftwiseClient implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private readonly status = new StatusBar();
+  readonly enablement = new Enablement(SECTION);
+  private shown: ShownItems | undefined;
+  private serverCommand: { command: string; source: string } | undefined;
   private readonly output = vscode.window.createOutputChannel('Draftwise', { log: true });
   readonly statsDocument = new StatsDocument();
   private pollTimer: NodeJS.Timeout | undefined;
@@ -212,6 +318,7 @@ class DraftwiseClient implements vscode.Disposable {
       const message =
         'draftwise not found: set "draftwise.server.command", or install draftwise into the ' +
         "workspace's .venv or on PATH";
+      this.serverCommand = undefined;
       this.status.error(message);
       // Not awaited: activation must not wait for the user to close the message.
       void vscode.window.showErrorMessage(message, 'Open Settings').then((choice) => {
@@ -221,6 +328,7 @@ class DraftwiseClient implements vscode.Disposable {
       });
       return;
     }
+    this.serverCommand = { command, source: serverCommandSource(config.get<string>('server.command', ''), command, folders) };
     const args = config.get<string[]>('server.args', ['serve']);
     const env = { ...process.env, ...config.get<Record<string, string>>('server.env', {}) };
     const serverOptions: ServerOptions = {
@@ -242,11 +350,23 @@ class DraftwiseClient implements vscode.Disposable {
       initializationOptions: settings,
       outputChannel: this.output,
       middleware: {
-        // Stats change with every suggestion; read them once the reply is in.
         provideInlineCompletionItems: async (document, position, context, token, next) => {
-          const result = await next(document, position, context, token);
-          this.scheduleStatsRefresh();
-          return result;
+          if (this.enablement.offReason(document) !== undefined) {
+            return null; // turned off or snoozed: the server is not asked
+          }
+          this.status.request(true);
+          try {
+            const result = await next(document, position, context, token);
+            const items = Array.isArray(result) ? result : result?.items ?? [];
+            if (items.length > 0) {
+              this.shown = { uri: document.uri.toString(), items };
+            }
+            return result;
+          } finally {
+            this.status.request(false);
+            // Stats (and the timing shown) change with every suggestion; read them once it is in.
+            this.scheduleStatsRefresh(50);
+          }
         },
         executeCommand: async (command, args, next) => {
           const result = await next(command, args);
@@ -315,9 +435,9 @@ class DraftwiseClient implements vscode.Disposable {
     void tick();
   }
 
-  private scheduleStatsRefresh(): void {
+  private scheduleStatsRefresh(delayMs = 300): void {
     clearTimeout(this.refreshTimer);
-    this.refreshTimer = setTimeout(() => void this.refreshStats(), 300);
+    this.refreshTimer = setTimeout(() => void this.refreshStats(), delayMs);
   }
 
   async refreshStats(): Promise<ServerStats | undefined> {
@@ -349,12 +469,22 @@ class DraftwiseClient implements vscode.Disposable {
   }
 
   async onConfigurationChanged(event: vscode.ConfigurationChangeEvent): Promise<void> {
+    if (event.affectsConfiguration('editor.inlineSuggest.enabled')) {
+      void this.checkInlineSuggest();
+    }
     if (!event.affectsConfiguration(SECTION)) {
       return;
+    }
+    if (event.affectsConfiguration(`${SECTION}.${ENABLE_KEY}`)) {
+      this.updateEnablement();
     }
     if (PROCESS_KEYS.some((key) => event.affectsConfiguration(`${SECTION}.${key}`))) {
       await this.restart();
       return;
+    }
+    const serverKeys = Object.keys(readSettings(vscode.workspace.getConfiguration(SECTION)));
+    if (!serverKeys.some((key) => event.affectsConfiguration(`${SECTION}.${key}`))) {
+      return; // only extension settings (enable, trace) changed
     }
     const client = this.client;
     if (client === undefined || client.state !== State.Running) {
@@ -366,6 +496,161 @@ class DraftwiseClient implements vscode.Disposable {
     });
     // A new model spec means a reload on the server side.
     this.pollUntilSettled();
+  }
+
+  /** The status bar follows the active editor's on/off state. */
+  updateEnablement(): void {
+    const document = vscode.window.activeTextEditor?.document;
+    this.status.enablement(this.enablement.offReason(document), this.enablement.snoozeMinutesLeft());
+  }
+
+  async setEnabled(on: boolean, scope: Scope): Promise<void> {
+    const document = vscode.window.activeTextEditor?.document;
+    if (scope !== 'everywhere' && document === undefined) {
+      void vscode.window.showWarningMessage(`Draftwise: open a file to turn suggestions ${on ? 'on' : 'off'} for its ${scope}.`);
+      return;
+    }
+    await this.enablement.set(on, scope, document);
+    if (!on) {
+      await vscode.commands.executeCommand('editor.action.inlineSuggest.hide');
+    }
+    this.updateEnablement();
+  }
+
+  async toggle(scope: Scope): Promise<void> {
+    const document = vscode.window.activeTextEditor?.document;
+    await this.setEnabled(!this.enablement.isOn(scope, document), scope);
+  }
+
+  async snooze(minutes?: number): Promise<void> {
+    if (minutes === undefined) {
+      const choice = await vscode.window.showQuickPick(['5', '15', '30', '60'].map((m) => ({ label: `${m} minutes`, minutes: Number(m) })),
+        { title: 'Draftwise: no suggestions for…' });
+      if (choice === undefined) {
+        return;
+      }
+      minutes = choice.minutes;
+    }
+    this.enablement.snooze(minutes);
+    await vscode.commands.executeCommand('editor.action.inlineSuggest.hide');
+    this.updateEnablement();
+  }
+
+  /** The status bar's menu: everything the extension can do, with the current state in the labels. */
+  async menu(): Promise<void> {
+    const document = vscode.window.activeTextEditor?.document;
+    const on = (scope: Scope) => this.enablement.isOn(scope, document);
+    const language = document?.languageId ?? 'this language';
+    const entries: Array<vscode.QuickPickItem & { run: () => Promise<unknown> | unknown }> = [
+      { label: `${on('file') ? 'Disable' : 'Enable'} for this file`, run: () => this.toggle('file') },
+      { label: `${on('language') ? 'Disable' : 'Enable'} for ${language}`, run: () => this.toggle('language') },
+      { label: `${on('everywhere') ? 'Disable' : 'Enable'} everywhere`, run: () => this.toggle('everywhere') },
+      { label: 'Snooze…', run: () => this.snooze() },
+      { label: 'Show Stats', run: () => this.showStats() },
+      { label: 'Health', run: () => this.health() },
+      { label: 'Restart Server', run: () => this.restart() },
+    ];
+    const picked = await vscode.window.showQuickPick(entries, { title: 'Draftwise' });
+    await picked?.run();
+  }
+
+  /**
+   * Accepts the next word or line of the shown suggestion (VS Code's own commands) and tells the
+   * server how much of which item was taken: VS Code reports partial accepts only to extensions
+   * using a proposed API, so the extension measures what the command inserted.
+   */
+  async acceptPart(kind: 'word' | 'line'): Promise<void> {
+    const editor = vscode.window.activeTextEditor;
+    // Read before accepting: the edit makes VS Code ask again, and the reply replaces `shown`.
+    const shown = this.shown;
+    await vscode.commands.executeCommand(
+      kind === 'word' ? 'editor.action.inlineSuggest.acceptNextWord' : 'editor.action.inlineSuggest.acceptNextLine');
+    if (editor === undefined || shown === undefined || shown.uri !== editor.document.uri.toString()) {
+      return;
+    }
+    const cursor = editor.selection.active;
+    for (const item of shown.items) {
+      const text = typeof item.insertText === 'string' ? item.insertText : item.insertText.value;
+      const start = item.range?.start;
+      if (start === undefined || cursor.isBeforeOrEqual(start)) {
+        continue;
+      }
+      const taken = editor.document.getText(new vscode.Range(start, cursor));
+      if (taken === '' || !text.startsWith(taken) || taken === text) {
+        continue; // not this item, or all of it (VS Code then runs the item's own accept command)
+      }
+      const info = item.command?.arguments?.[0];
+      if (typeof info?.id !== 'string') {
+        return;
+      }
+      await this.executeServerCommand(PARTIALLY_ACCEPTED_COMMAND, [{ ...info, acceptedLength: characters(taken), kind }]);
+      return;
+    }
+  }
+
+  private async executeServerCommand(command: string, args: unknown[]): Promise<void> {
+    const client = this.client;
+    if (client === undefined || client.state !== State.Running) {
+      return;
+    }
+    try {
+      await client.sendRequest('workspace/executeCommand', { command, arguments: args });
+    } catch (error) {
+      this.output.warn(`${command} failed: ${String(error)}`);
+    }
+    this.scheduleStatsRefresh();
+  }
+
+  /** Offers to turn VS Code's inline suggestions on when they are off (nothing shows otherwise). */
+  async checkInlineSuggest(): Promise<void> {
+    if (vscode.workspace.getConfiguration('editor').get<boolean>('inlineSuggest.enabled', true)) {
+      return;
+    }
+    const choice = await vscode.window.showWarningMessage(
+      'Draftwise: inline suggestions are turned off in VS Code (editor.inlineSuggest.enabled), so no suggestion can show.',
+      'Enable Inline Suggestions');
+    if (choice === 'Enable Inline Suggestions') {
+      await vscode.workspace.getConfiguration('editor').update('inlineSuggest.enabled', true, vscode.ConfigurationTarget.Global);
+    }
+  }
+
+  /** A report of what has to be right for suggestions to show, in a read-only tab. */
+  async health(): Promise<void> {
+    const stats = await this.refreshStats();
+    const client = this.client;
+    const document = vscode.window.activeTextEditor?.document;
+    const inlineSuggest = vscode.workspace.getConfiguration('editor', document).get<boolean>('inlineSuggest.enabled', true);
+    const mark = (ok: boolean) => (ok ? 'OK' : 'PROBLEM');
+    const lines = ['# Draftwise health', ''];
+    const extension = vscode.extensions.getExtension('draftwise.draftwise');
+    lines.push(`- extension: ${extension?.packageJSON?.version ?? '?'} in VS Code ${vscode.version}`);
+    if (this.serverCommand) {
+      lines.push(`- ${mark(true)} server command: ${this.serverCommand.command} (from ${this.serverCommand.source})`);
+    } else {
+      lines.push(`- ${mark(false)} server command: not found (set draftwise.server.command, or install draftwise into the workspace's .venv or on PATH)`);
+    }
+    const running = client !== undefined && client.state === State.Running;
+    const serverInfo = client?.initializeResult?.serverInfo;
+    lines.push(`- ${mark(running)} server: ${running ? `running, ${serverInfo?.name ?? 'draftwise'} ${serverInfo?.version ?? '?'}` : 'not running'}`);
+    if (stats) {
+      const models = `${stats.target ?? '?'}${stats.draft ? ` + ${stats.draft}` : ''} on ${stats.device ?? '?'} (${stats.dtype ?? '?'}), drafter ${stats.drafter ?? '?'}`;
+      const state = stats.state === 'failed' ? `failed: ${stats.error}` : stats.state;
+      lines.push(`- ${mark(stats.state !== 'failed')} models: ${state}, ${models}`);
+      const timing = timingText(stats);
+      if (timing) {
+        lines.push(`- last suggestion: ${timing}`);
+      }
+    }
+    lines.push(`- ${mark(inlineSuggest)} editor.inlineSuggest.enabled: ${inlineSuggest}` +
+      (inlineSuggest ? '' : ' (VS Code shows no inline suggestion at all; turn it on)'));
+    const off = this.enablement.offReason(document);
+    lines.push(`- suggestions here: ${off === undefined ? 'on' : off === 'snoozed' ? 'snoozed' : `off (${off})`}`);
+    this.statsDocument.set(StatsDocument.healthUri, lines.join('\n') + '\n');
+    const healthDocument = await vscode.workspace.openTextDocument(StatsDocument.healthUri);
+    await vscode.window.showTextDocument(healthDocument, { preview: true, preserveFocus: false });
+    if (!inlineSuggest) {
+      void this.checkInlineSuggest();
+    }
   }
 
   async restart(): Promise<void> {
@@ -385,6 +670,7 @@ class DraftwiseClient implements vscode.Disposable {
 
   dispose(): void {
     void this.stop();
+    this.enablement.dispose();
     this.status.dispose();
     this.output.dispose();
     this.statsDocument.dispose();
@@ -396,13 +682,36 @@ let draftwise: DraftwiseClient | undefined;
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   const instance = new DraftwiseClient();
   draftwise = instance;
+  const scopeOf = (value: unknown): Scope => {
+    if (value === undefined) {
+      return 'everywhere';
+    }
+    if (value === 'file' || value === 'language' || value === 'everywhere') {
+      return value;
+    }
+    throw new Error(`Draftwise: scope must be "file", "language" or "everywhere", got ${JSON.stringify(value)}`);
+  };
   context.subscriptions.push(
     instance,
     vscode.commands.registerCommand('draftwise.showStats', () => instance.showStats()),
     vscode.commands.registerCommand('draftwise.restartServer', () => instance.restart()),
+    vscode.commands.registerCommand('draftwise.menu', () => instance.menu()),
+    vscode.commands.registerCommand('draftwise.health', () => instance.health()),
+    vscode.commands.registerCommand('draftwise.enable', (scope?: Scope) => instance.setEnabled(true, scopeOf(scope))),
+    vscode.commands.registerCommand('draftwise.disable', (scope?: Scope) => instance.setEnabled(false, scopeOf(scope))),
+    vscode.commands.registerCommand('draftwise.toggleFile', () => instance.toggle('file')),
+    vscode.commands.registerCommand('draftwise.toggleLanguage', () => instance.toggle('language')),
+    vscode.commands.registerCommand('draftwise.toggleEverywhere', () => instance.toggle('everywhere')),
+    vscode.commands.registerCommand('draftwise.snooze', (minutes?: number) => instance.snooze(minutes)),
+    vscode.commands.registerCommand('draftwise.acceptNextWord', () => instance.acceptPart('word')),
+    vscode.commands.registerCommand('draftwise.acceptNextLine', () => instance.acceptPart('line')),
     vscode.workspace.onDidChangeConfiguration((event) => instance.onConfigurationChanged(event)),
+    vscode.window.onDidChangeActiveTextEditor(() => instance.updateEnablement()),
+    instance.enablement.onDidChange(() => instance.updateEnablement()),
   );
+  void instance.checkInlineSuggest();
   await instance.start();
+  instance.updateEnablement();
 }
 
 export async function deactivate(): Promise<void> {

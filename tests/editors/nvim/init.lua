@@ -12,10 +12,32 @@ vim.opt.statusline = '%f %= %{v:lua.require("draftwise").status()} '
 
 local cmd = vim.json.decode((assert(os.getenv('DRAFTWISE_TEST_CMD'), 'DRAFTWISE_TEST_CMD is not set')))
 local settings = vim.json.decode(os.getenv('DRAFTWISE_TEST_SETTINGS') or '{}')
+-- DRAFTWISE_TEST_NATIVE_STUB=1: the 0.12 native path, against a stand-in for vim.lsp.inline_completion.
+local native = os.getenv('DRAFTWISE_TEST_NATIVE_STUB') == '1'
+if native then
+  package.path = here .. '/?.lua;' .. package.path
+  vim.lsp.inline_completion = require('native_stub')
+end
 require('draftwise').setup({
   cmd = cmd,
   settings = settings,
   debounce_ms = 100,
+  native = native,
+})
+-- An auto-pairs plugin in three lines: ( [ { insert their closing bracket after the cursor.
+if os.getenv('DRAFTWISE_TEST_AUTOCLOSE') == '1' then
+  for open, close in pairs({ ['('] = ')', ['['] = ']', ['{'] = '}' }) do
+    vim.keymap.set('i', open, open .. close .. '<Left>')
+  end
+end
+
+-- Every statusline text the plugin announces (User DraftwiseStatus), for tests of short-lived ones.
+_G.draftwise_status_log = {}
+vim.api.nvim_create_autocmd('User', {
+  pattern = 'DraftwiseStatus',
+  callback = function()
+    table.insert(_G.draftwise_status_log, require('draftwise').status())
+  end,
 })
 
 -- What the tests read over --remote-expr: v:lua.draftwise_probe('<what>') returns JSON.
@@ -60,6 +82,16 @@ local probes = {
   end,
   messages = function()
     return vim.api.nvim_exec2('messages', { output = true }).output
+  end,
+  status = function()
+    return require('draftwise').status()
+  end,
+  status_log = function()
+    return _G.draftwise_status_log
+  end,
+  native_stub = function()
+    local stub = vim.lsp.inline_completion
+    return { applied_by_default = stub.applied_by_default or 0, calls = stub.calls, index = stub.index }
   end,
 }
 

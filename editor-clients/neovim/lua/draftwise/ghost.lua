@@ -1,6 +1,8 @@
--- Inline suggestions for Neovim before 0.12 (which has vim.lsp.inline_completion): requests
--- textDocument/inlineCompletion after a pause in typing, draws the suggestion as ghost text with
--- extmarks, drops replies that no longer match the buffer, and accepts, accepts a line or dismisses.
+-- The plugin's own inline suggestions (every Neovim version; 0.12's vim.lsp.inline_completion is
+-- used only when asked for, see native.lua): requests textDocument/inlineCompletion after a pause in
+-- typing, draws the suggestion as ghost text with extmarks, drops replies that no longer match the
+-- buffer, cycles the items of an invoked request, and accepts all of it, a word, or a line (partial
+-- accepts are reported to the server).
 local compat = require('draftwise.compat')
 
 local M = {}
@@ -20,6 +22,8 @@ local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2
 ---@field ghost string     the part not yet typed (what is drawn)
 ---@field command table?   the item's command, run after accepting
 ---@field extmark integer
+---@field items table[]    every item of the reply (an invoked request may bring several)
+---@field index integer    which of them is shown
 
 ---@type table<integer, {timer: uv.uv_timer_t?, seq: integer, pending: {client: vim.lsp.Client, id: integer}?, suggestion: draftwise.Suggestion?, group: integer}>
 local buffers = {}
@@ -50,10 +54,25 @@ local function clear_extmark(state)
   state.suggestion = nil
 end
 
+--- Whether any buffer waits for a reply ("generating…" in the statusline).
+local function any_pending()
+  for _, state in pairs(buffers) do
+    if state.pending then
+      return true
+    end
+  end
+  return false
+end
+
+local function set_pending(state, pending)
+  state.pending = pending
+  draftwise().generating(any_pending())
+end
+
 local function cancel_pending(state)
   if state.pending then
     pcall(compat.cancel_request, state.pending.client, state.pending.id)
-    state.pending = nil
+    set_pending(state, nil)
   end
 end
 
@@ -102,10 +121,17 @@ local function make_suggestion(bufnr, client, item, row, col, tick)
     return nil -- the suggestion no longer continues what is typed
   end
   local ghost = insert:sub(#typed + 1)
-  -- Text after the cursor that the item replaces and repeats at its end stays visible once.
+  -- Text after the cursor that the item replaces (auto-closed brackets) and repeats at its end must
+  -- show once: on one line the buffer's copy stands for it; over several lines the copy at the end
+  -- of the suggestion is the right one, so the buffer's is covered (see draw).
   local replaced = line:sub(col + 1, end_col)
-  if replaced ~= '' and not ghost:find('\n', 1, true) and ghost:sub(-#replaced) == replaced then
-    ghost = ghost:sub(1, #ghost - #replaced)
+  local cover = 0
+  if replaced ~= '' and ghost:sub(-#replaced) == replaced then
+    if ghost:find('\n', 1, true) then
+      cover = vim.fn.strdisplaywidth(replaced)
+    else
+      ghost = ghost:sub(1, #ghost - #replaced)
+    end
   end
   if ghost == '' and replaced == '' then
     return nil
@@ -120,17 +146,47 @@ local function make_suggestion(bufnr, client, item, row, col, tick)
     start_col = start_col,
     end_col = end_col,
     ghost = ghost,
+    typed = typed,
+    cover = cover,
     command = item.command,
   }
+end
+
+--- Extra chunks after the suggestion: "(n/m)" when there are alternatives, the timing if asked for.
+local function hints(s)
+  local out = {}
+  if s.items and #s.items > 1 then
+    table.insert(out, { (' (%d/%d)'):format(s.index, #s.items), 'DraftwiseHint' })
+  end
+  local timing = draftwise().config.show_timing_inline and draftwise().timing_text()
+  if timing then
+    table.insert(out, { ' ' .. timing, 'DraftwiseHint' })
+  end
+  return out
 end
 
 local function draw(s)
   local hl = draftwise().config.highlight
   local lines = vim.split(s.ghost, '\n', { plain = true })
   local opts = { hl_mode = 'combine', priority = 200 }
-  if lines[1] ~= '' then
-    opts.virt_text = { { lines[1], hl } }
-    if compat.has('0.10') then
+  if s.extmark then
+    opts.id = s.extmark
+  end
+  local extra = hints(s)
+  if lines[1] ~= '' or (#lines == 1 and #extra > 0) or s.cover > 0 then
+    local first = lines[1]
+    if s.cover > 0 then
+      -- Drawn over the auto-closed characters the suggestion replaces, so that they do not show
+      -- twice (once here, once at the suggestion's end) until it is accepted.
+      first = first .. string.rep(' ', math.max(0, s.cover - vim.fn.strdisplaywidth(first)))
+    end
+    opts.virt_text = { { first, hl } }
+    if #lines == 1 then
+      vim.list_extend(opts.virt_text, extra)
+    end
+    if s.cover > 0 then
+      opts.virt_text_pos = 'overlay'
+    elseif compat.has('0.10') then
       opts.virt_text_pos = 'inline'
     else
       local line = vim.api.nvim_buf_get_lines(s.bufnr, s.row, s.row + 1, false)[1] or ''
@@ -142,21 +198,57 @@ local function draw(s)
     for i = 2, #lines do
       table.insert(opts.virt_lines, { { lines[i], hl } })
     end
+    vim.list_extend(opts.virt_lines[#opts.virt_lines], extra)
   end
   s.extmark = vim.api.nvim_buf_set_extmark(s.bufnr, ns, s.row, s.col, opts)
 end
 
-local function first_item(result)
-  if type(result) ~= 'table' then
-    return nil
+--- Redraws the shown suggestion (new timing, another item); no-op when none is shown.
+function M.redraw(bufnr)
+  local state = buffers[bufnr or vim.api.nvim_get_current_buf()]
+  local s = state and state.suggestion
+  if s and vim.api.nvim_buf_is_valid(s.bufnr) then
+    draw(s)
   end
-  local items = result.items or result
-  for _, item in ipairs(items) do
+end
+
+local function reply_items(result)
+  if type(result) ~= 'table' then
+    return {}
+  end
+  local out = {}
+  for _, item in ipairs(result.items or result) do
     if item_text(item) ~= '' then
-      return item
+      table.insert(out, item)
     end
   end
-  return nil
+  return out
+end
+
+--- Shows the items of a reply (the first one that fits the cursor first); tests call it with
+--- hand-made items to check drawing. Returns whether one is shown.
+function M.show_items(bufnr, client, items, row, col, tick)
+  bufnr = bufnr == 0 and vim.api.nvim_get_current_buf() or bufnr
+  local state = buffers[bufnr]
+  if not state then
+    return false
+  end
+  local shown = {}
+  for _, item in ipairs(items) do
+    local s = make_suggestion(bufnr, client, item, row, col, tick)
+    if s then
+      table.insert(shown, s)
+    end
+  end
+  if #shown == 0 then
+    return false
+  end
+  clear_extmark(state)
+  local s = shown[1]
+  s.items, s.index = shown, 1
+  draw(s)
+  state.suggestion = s
+  return true
 end
 
 --- Asks the server for a suggestion at the cursor now.
@@ -169,6 +261,9 @@ function M.trigger(bufnr, kind)
     return
   end
   M.clear(bufnr)
+  if not draftwise().is_enabled(bufnr) then
+    return
+  end
   local seq = state.seq
   local row, col = cursor()
   local tick = vim.api.nvim_buf_get_changedtick(bufnr)
@@ -178,7 +273,7 @@ function M.trigger(bufnr, kind)
     if state.seq ~= seq then
       return -- a newer request or an edit superseded this one
     end
-    state.pending = nil
+    set_pending(state, nil)
     if err then
       vim.notify_once('draftwise: ' .. (err.message or tostring(err)), vim.log.levels.WARN)
       return
@@ -191,16 +286,12 @@ function M.trigger(bufnr, kind)
     if now_row ~= row or now_col ~= col then
       return
     end
-    local item = first_item(result)
-    local s = item and make_suggestion(bufnr, client, item, row, col, tick)
-    if s then
-      draw(s)
-      state.suggestion = s
-    end
-    draftwise().refresh_stats_soon()
+    M.show_items(bufnr, client, reply_items(result), row, col, tick)
+    -- At once: the statusline (and the inline timing) show this suggestion's numbers.
+    draftwise().get_stats()
   end, bufnr)
   if ok and id then
-    state.pending = { client = client, id = id }
+    set_pending(state, { client = client, id = id })
   end
 end
 
@@ -211,6 +302,9 @@ local function schedule(bufnr)
     return
   end
   M.clear(bufnr)
+  if not draftwise().is_enabled(bufnr) then
+    return
+  end
   state.timer = state.timer or compat.uv.new_timer()
   state.timer:start(config.debounce_ms, 0, vim.schedule_wrap(function()
     if vim.api.nvim_buf_is_valid(bufnr) and in_insert_mode() then
@@ -254,7 +348,28 @@ function M.suggestion()
   if not s then
     return nil
   end
-  return { row = s.row, col = s.col, start_col = s.start_col, end_col = s.end_col, insert = s.insert, ghost = s.ghost }
+  return {
+    row = s.row, col = s.col, start_col = s.start_col, end_col = s.end_col, insert = s.insert, ghost = s.ghost,
+    index = s.index, count = s.items and #s.items or 1,
+  }
+end
+
+--- Shows the next (count > 0) or previous item of an invoked request, wrapping around; false when
+--- there is nothing to cycle.
+function M.cycle(count)
+  local s = current()
+  if not s or not s.items or #s.items < 2 then
+    return false
+  end
+  local state = buffers[s.bufnr]
+  local items = s.items
+  local index = (s.index - 1 + (count or 1)) % #items + 1
+  clear_extmark(state)
+  local next_s = items[index]
+  next_s.items, next_s.index, next_s.extmark = items, index, nil
+  draw(next_s)
+  state.suggestion = next_s
+  return true
 end
 
 local function execute(s, command)
@@ -293,34 +408,64 @@ function M.accept()
   return true
 end
 
---- Accepts up to the end of the suggestion's first non-empty line; false when none is shown.
-function M.accept_line()
+--- The part of `ghost` that accept-word takes: leading blanks (line breaks and indentation
+--- included), then a word or one run of punctuation.
+function M.next_word(ghost)
+  local blank = ghost:match('^%s*')
+  local rest = ghost:sub(#blank + 1)
+  local word = rest:match('^[%w_\128-\255]+') or rest:match('^[^%w_%s\128-\255]+') or ''
+  return blank .. word
+end
+
+--- The part of `ghost` that accept-line takes: up to the end of its first non-empty line.
+function M.first_line(ghost)
+  local newline = ghost:find('\n', 1, true)
+  if newline == 1 then
+    newline = ghost:find('\n', 2, true)
+  end
+  return newline and ghost:sub(1, newline - 1) or ghost
+end
+
+--- Tells the server that the first `part` of the item was taken (it counts it, and the rest becomes
+--- its next answer); `kind` is "word" or "line". The length is in characters (code points), plus
+--- what the user had typed of the item before.
+function M.report_partial(s, part, kind)
+  local client = vim.lsp.get_client_by_id(s.client_id)
+  local commands = client and client.server_capabilities.executeCommandProvider
+  local item_info = s.command and s.command.arguments and s.command.arguments[1]
+  if type(item_info) ~= 'table' or not commands
+    or not vim.tbl_contains(commands.commands or {}, 'draftwise.partiallyAccepted') then
+    return
+  end
+  local length = vim.fn.strchars(s.typed) + vim.fn.strchars(part)
+  execute(s, {
+    command = 'draftwise.partiallyAccepted',
+    arguments = { vim.tbl_extend('force', item_info, { acceptedLength = length, kind = kind }) },
+  })
+end
+
+local function accept_part(take, kind)
   local s = current()
   if not s then
     return false
   end
-  local newline = s.ghost:find('\n', 1, true)
-  if newline == 1 then
-    local next_newline = s.ghost:find('\n', 2, true)
-    newline = next_newline
-  end
-  if not newline then
+  local part = take(s.ghost)
+  if part == s.ghost or part == '' then
     return M.accept()
   end
-  local part = s.ghost:sub(1, newline - 1)
   put_text(s, s.col, s.col, part)
-  -- The server counts partial accepts against the item's id, in characters.
-  local client = vim.lsp.get_client_by_id(s.client_id)
-  local commands = client and client.server_capabilities.executeCommandProvider
-  local item_info = s.command and s.command.arguments and s.command.arguments[1]
-  if type(item_info) == 'table' and commands
-    and vim.tbl_contains(commands.commands or {}, 'draftwise.partiallyAccepted') then
-    execute(s, {
-      command = 'draftwise.partiallyAccepted',
-      arguments = { vim.tbl_extend('force', item_info, { acceptedLength = vim.fn.strchars(part) }) },
-    })
-  end
+  M.report_partial(s, part, kind)
   return true
+end
+
+--- Accepts up to the end of the suggestion's first non-empty line; false when none is shown.
+function M.accept_line()
+  return accept_part(M.first_line, 'line')
+end
+
+--- Accepts the suggestion's next word; false when none is shown.
+function M.accept_word()
+  return accept_part(M.next_word, 'word')
 end
 
 --- Hides the suggestion; false when none is shown.

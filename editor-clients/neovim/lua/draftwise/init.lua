@@ -10,8 +10,11 @@ local STATS_REQUEST = 'draftwise/stats'
 ---@class draftwise.Keymaps
 ---@field accept string|false      accept the whole suggestion (falls through when none is shown)
 ---@field accept_line string|false accept up to the end of the suggestion's first line
+---@field accept_word string|false accept the suggestion's next word
+---@field next string|false        show the next alternative (after an explicit trigger)
+---@field prev string|false        show the previous alternative
 ---@field dismiss string|false
----@field trigger string|false     ask for a suggestion now
+---@field trigger string|false     ask for a suggestion now (with alternatives)
 
 ---@class draftwise.Config
 local defaults = {
@@ -31,20 +34,31 @@ local defaults = {
     contextTokens = nil, ---@type integer?
     languages = nil, ---@type string[]?
     scope = nil, ---@type string?   "auto" | "line" | "block" | "full"
+    alternatives = nil, ---@type integer? most items for an explicit trigger (server default 3)
   },
   filetypes = nil, ---@type string[]? nil: every buffer that holds a file
   root_markers = { '.git', 'pyproject.toml', 'package.json', 'Cargo.toml', 'go.mod' },
-  -- "auto": vim.lsp.inline_completion on Neovim 0.12+, the plugin's own ghost text before that.
-  native = 'auto', ---@type "auto"|boolean
+  -- false: the plugin's own ghost text on every version (the default: every key and the statusline
+  -- work the same everywhere). true (or "auto" on 0.12+): Neovim's vim.lsp.inline_completion shows
+  -- the suggestions, with the plugin's keys on top of it (see native.lua for what that leaves out).
+  native = false, ---@type "auto"|boolean
   auto_trigger = true,
   debounce_ms = 150,
   keymaps = {
     accept = '<Tab>',
     accept_line = '<M-l>',
+    accept_word = '<M-Right>',
+    next = '<M-]>',
+    prev = '<M-[>',
     dismiss = '<C-]>',
     trigger = '<M-\\>',
   },
   highlight = 'DraftwiseSuggestion', -- linked to Comment unless already defined
+  -- The last suggestion's latency and speed after the ghost text too (like llama.vim); the
+  -- statusline always has them.
+  show_timing_inline = false,
+  -- A server that exits on its own is started again, at most `max` times within `window_s` seconds.
+  restart = { max = 3, window_s = 60 },
 }
 
 M.config = vim.deepcopy(defaults)
@@ -54,6 +68,11 @@ M.state = {
   progress = nil, ---@type {message: string?, percentage: number?}?
   stats = nil, ---@type table? last draftwise/stats reply
   error = nil, ---@type string?
+  generating = false, -- a suggestion request is in flight
+  disabled = false, -- :DraftwiseDisable (everywhere)
+  disabled_filetypes = {}, ---@type table<string, boolean>
+  snoozed_until = nil, ---@type number? os.time() when suggestions come back
+  restarts = {}, ---@type number[] when the server was restarted after exiting on its own
 }
 
 local augroup = nil
@@ -118,10 +137,8 @@ function M.client()
 end
 
 local function use_native()
-  if M.config.native == 'auto' then
-    return vim.lsp.inline_completion ~= nil
-  end
-  return M.config.native == true
+  -- Only where Neovim has it (0.12+); elsewhere the plugin's own path serves either way.
+  return (M.config.native == 'auto' or M.config.native == true) and vim.lsp.inline_completion ~= nil
 end
 
 local function redraw_status()
@@ -153,7 +170,13 @@ function M.get_stats(cb)
     if M.state.stats and M.state.stats.state ~= 'loading' then
       M.state.progress = nil
     end
+    if M.state.stats and M.state.stats.state == 'ready' then
+      M.state.error = nil
+    end
     redraw_status()
+    if M.config.show_timing_inline then
+      require('draftwise.ghost').redraw()
+    end
     if cb then
       cb(M.state.stats)
     end
@@ -199,13 +222,161 @@ local function percent(value)
   return type(value) == 'number' and ('%d%%'):format(math.floor(value * 100 + 0.5)) or '-'
 end
 
---- One short line for a statusline: loading progress, ready with the last suggestion's numbers, or the error.
+-- On/off ----------------------------------------------------------------------------------------
+
+--- Whether suggestions are on for bufnr, and if not, why ("buffer", "filetype", "everywhere",
+--- "snoozed"). b:draftwise_enabled = false turns a buffer off, like b:copilot_enabled.
+---@return boolean, string?
+function M.is_enabled(bufnr)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  if M.state.snoozed_until then
+    if os.time() < M.state.snoozed_until then
+      return false, 'snoozed'
+    end
+    M.state.snoozed_until = nil
+  end
+  if M.state.disabled then
+    return false, 'everywhere'
+  end
+  if vim.api.nvim_buf_is_valid(bufnr) then
+    if M.state.disabled_filetypes[vim.bo[bufnr].filetype] then
+      return false, 'filetype'
+    end
+    if vim.b[bufnr].draftwise_enabled == false then
+      return false, 'buffer'
+    end
+  end
+  return true
+end
+
+local SCOPES = { buffer = true, filetype = true, global = true }
+
+local function check_scope(scope)
+  scope = scope or 'global'
+  if scope == 'language' then
+    scope = 'filetype'
+  end
+  if not SCOPES[scope] then
+    error(('draftwise: scope must be buffer, filetype (or language) or global; got %q'):format(tostring(scope)), 0)
+  end
+  return scope
+end
+
+local function set_enabled(on, scope, bufnr)
+  scope = check_scope(scope)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  if scope == 'global' then
+    M.state.disabled = not on
+    if on then
+      M.state.snoozed_until = nil
+    end
+  elseif scope == 'filetype' then
+    M.state.disabled_filetypes[vim.bo[bufnr].filetype] = (not on) or nil
+  else
+    vim.b[bufnr].draftwise_enabled = on
+  end
+  if not on then
+    for _, buf in ipairs(vim.api.nvim_list_bufs()) do
+      if not M.is_enabled(buf) then
+        require('draftwise.ghost').clear(buf)
+      end
+    end
+  end
+  if use_native() then
+    require('draftwise.native').sync_enabled()
+  end
+  redraw_status()
+end
+
+--- Turns suggestions on for the buffer, its filetype ("language") or everywhere (the default).
+function M.enable(scope, bufnr)
+  set_enabled(true, scope, bufnr)
+end
+
+--- Turns suggestions off for the buffer, its filetype ("language") or everywhere (the default).
+--- The server keeps running (and keeps its models loaded).
+function M.disable(scope, bufnr)
+  set_enabled(false, scope, bufnr)
+end
+
+function M.toggle(scope, bufnr)
+  scope = check_scope(scope)
+  bufnr = (bufnr == nil or bufnr == 0) and vim.api.nvim_get_current_buf() or bufnr
+  local on
+  if scope == 'global' then
+    on = M.state.disabled or M.state.snoozed_until ~= nil
+  elseif scope == 'filetype' then
+    on = M.state.disabled_filetypes[vim.bo[bufnr].filetype] == true
+  else
+    on = vim.b[bufnr].draftwise_enabled == false
+  end
+  set_enabled(on, scope, bufnr)
+end
+
+local snooze_timer = nil
+--- No suggestions anywhere for `minutes` (default 15); they come back by themselves.
+function M.snooze(minutes)
+  minutes = tonumber(minutes or 15)
+  if not minutes or minutes <= 0 then
+    error('draftwise: snooze needs a positive number of minutes', 0)
+  end
+  M.state.snoozed_until = os.time() + math.floor(minutes * 60 + 0.5)
+  for _, buf in ipairs(vim.api.nvim_list_bufs()) do
+    require('draftwise.ghost').clear(buf)
+  end
+  if snooze_timer then
+    snooze_timer:stop()
+  else
+    snooze_timer = compat.uv.new_timer()
+  end
+  -- Redraws the statusline when the snooze ends (is_enabled clears it then).
+  snooze_timer:start(math.floor(minutes * 60000), 0, vim.schedule_wrap(function()
+    if use_native() then
+      require('draftwise.native').sync_enabled()
+    end
+    redraw_status()
+  end))
+  if use_native() then
+    require('draftwise.native').sync_enabled()
+  end
+  redraw_status()
+end
+
+-- Statusline ------------------------------------------------------------------------------------
+
+--- A request is (no longer) in flight: "generating…" in the statusline.
+function M.generating(on)
+  if M.state.generating ~= on then
+    M.state.generating = on
+    redraw_status()
+  end
+end
+
+--- "123 ms, 45.6 tok/s" for the last suggestion (server's numbers), or nil before the first one.
+function M.timing_text()
+  local timing = M.state.stats and M.state.stats.timing
+  if type(timing) ~= 'table' or type(timing.latencyMs) ~= 'number' then
+    return nil
+  end
+  local speed = type(timing.tokensPerSecond) == 'number' and (', %.1f tok/s'):format(timing.tokensPerSecond) or ''
+  return ('%d ms%s'):format(math.floor(timing.latencyMs + 0.5), speed)
+end
+
+--- One short line for a statusline: loading progress, off/snoozed, generating, the last
+--- suggestion's latency, speed and acceptance, or the error.
 function M.status()
   if M.state.error then
     return 'draftwise: error'
   end
   if not M.client() then
     return ''
+  end
+  local on, why = M.is_enabled(vim.api.nvim_get_current_buf())
+  if not on then
+    if why == 'snoozed' then
+      return ('draftwise: snoozed %d min'):format(math.ceil((M.state.snoozed_until - os.time()) / 60))
+    end
+    return ('draftwise: off (%s)'):format(why)
   end
   local stats = M.state.stats
   if M.state.progress or not stats or stats.state == 'loading' then
@@ -215,12 +386,13 @@ function M.status()
   if stats.state == 'failed' then
     return 'draftwise: error'
   end
+  if M.state.generating then
+    return 'draftwise: generating…'
+  end
   local last = stats.last
-  if last then
-    return ('draftwise: %s accepted, %.2f tok/fwd'):format(
-      percent(last.acceptance_rate),
-      tonumber(last.tokens_per_forward) or 0
-    )
+  local timing = M.timing_text()
+  if last and timing then
+    return ('draftwise: %s, %s accepted'):format(timing, percent(last.acceptance_rate))
   end
   return 'draftwise: ready'
 end
@@ -240,6 +412,15 @@ function M.format_stats(stats)
       percent(stats.last.acceptance_rate),
       tonumber(stats.last.tokens_per_forward) or 0
     ))
+  end
+  local timing = M.timing_text()
+  if timing then
+    table.insert(lines, ('timing:   %s'):format(timing))
+  end
+  if stats.suggestions then
+    local sg = stats.suggestions
+    table.insert(lines, ('items:    %s shown, %s accepted, %s partly accepted, %s alternatives shown'):format(
+      sg.shown or 0, sg.accepted or 0, sg.partiallyAccepted or 0, sg.alternativesShown or 0))
   end
   table.insert(lines, '')
   for _, line in ipairs(vim.split(vim.inspect({ last = stats.last, cumulative = stats.cumulative }), '\n')) do
@@ -353,19 +534,28 @@ function M.attach(bufnr)
       if client_id ~= M.state.client_id then
         return
       end
+      local client = vim.lsp.get_client_by_id(client_id)
+      local buffers = {}
+      for buf in pairs(client and client.attached_buffers or {}) do
+        table.insert(buffers, buf)
+      end
       vim.schedule(function()
         stop_polling()
         M.state.client_id = nil
         M.state.progress = nil
-        if code ~= 0 and signal ~= 15 then
+        M.state.generating = false
+        -- (:DraftwiseRestart forgets the client first, so its stop never gets here.)
+        local leaving = vim.v.exiting ~= vim.NIL
+        if not leaving and (code ~= 0 or signal ~= 0) and signal ~= 15 then
           M.state.error = ('the server exited (code %s, signal %s)'):format(code, signal)
+          M.restart_after_crash(buffers)
         end
         redraw_status()
       end)
     end,
     on_attach = function(client, buf)
       if use_native() then
-        vim.lsp.inline_completion.enable(true, { bufnr = buf })
+        require('draftwise.native').attach(buf, client)
       else
         require('draftwise.ghost').attach(buf, client)
       end
@@ -394,9 +584,49 @@ function M.update_settings(settings)
   end
 end
 
+--- After the server exited on its own: start it again for `buffers`, at most restart.max times in
+--- restart.window_s seconds, waiting a little longer each time; then give up and say so.
+function M.restart_after_crash(buffers)
+  local policy = M.config.restart or {}
+  local max, window = policy.max or 3, policy.window_s or 60
+  local now = compat.uv.now() / 1000
+  local recent = {}
+  for _, t in ipairs(M.state.restarts) do
+    if now - t < window then
+      table.insert(recent, t)
+    end
+  end
+  M.state.restarts = recent
+  if #recent >= max then
+    M.state.error = ('%s; not restarted: it exited %d times within %d s (:DraftwiseRestart tries again)'):format(
+      M.state.error or 'the server exited', #recent + 1, window)
+    vim.notify('draftwise: ' .. M.state.error, vim.log.levels.ERROR)
+    return
+  end
+  table.insert(M.state.restarts, now)
+  local attempt = #M.state.restarts
+  vim.notify(('draftwise: %s; restarting it (%d of %d)'):format(M.state.error, attempt, max), vim.log.levels.WARN)
+  vim.defer_fn(function()
+    if M.client() then
+      return
+    end
+    M.state.error = nil
+    local started = false
+    for _, buf in ipairs(buffers) do
+      if vim.api.nvim_buf_is_valid(buf) and M.attach(buf) then
+        started = true
+      end
+    end
+    if not started then
+      M.attach(vim.api.nvim_get_current_buf())
+    end
+  end, 300 * attempt)
+end
+
 function M.restart()
   local client = M.client()
   local buffers = {}
+  M.state.restarts = {}
   if client then
     for buf in pairs(client.attached_buffers or {}) do
       table.insert(buffers, buf)
@@ -453,45 +683,35 @@ end
 
 local function set_keymaps()
   local keys = M.config.keymaps or {}
-  if use_native() then
-    if keys.accept then
-      local fallback = make_fallback(keys.accept)
-      vim.keymap.set('i', keys.accept, function()
-        if not vim.lsp.inline_completion.get() then
+  -- Own path and native path offer the same actions (native.lua maps them onto Neovim's API).
+  local actions = use_native() and require('draftwise.native') or require('draftwise.ghost')
+  -- Each key does its thing when a suggestion is shown and falls through to what it did before
+  -- otherwise.
+  for name, action in pairs({
+    accept = actions.accept,
+    accept_line = actions.accept_line,
+    accept_word = actions.accept_word,
+    next = function()
+      return actions.cycle(1)
+    end,
+    prev = function()
+      return actions.cycle(-1)
+    end,
+    dismiss = actions.dismiss,
+  }) do
+    local lhs = keys[name]
+    if lhs then
+      local fallback = make_fallback(lhs)
+      vim.keymap.set('i', lhs, function()
+        if not action() then
           fallback()
         end
       end, { desc = 'draftwise' })
     end
-    return
-  end
-  local ghost = require('draftwise.ghost')
-  if keys.accept then
-    local fallback = make_fallback(keys.accept)
-    vim.keymap.set('i', keys.accept, function()
-      if not ghost.accept() then
-        fallback()
-      end
-    end, { desc = 'draftwise' })
-  end
-  if keys.accept_line then
-    local fallback = make_fallback(keys.accept_line)
-    vim.keymap.set('i', keys.accept_line, function()
-      if not ghost.accept_line() then
-        fallback()
-      end
-    end, { desc = 'draftwise' })
-  end
-  if keys.dismiss then
-    local fallback = make_fallback(keys.dismiss)
-    vim.keymap.set('i', keys.dismiss, function()
-      if not ghost.dismiss() then
-        fallback()
-      end
-    end, { desc = 'draftwise' })
   end
   if keys.trigger then
     vim.keymap.set('i', keys.trigger, function()
-      ghost.trigger(nil, 1)
+      actions.trigger(nil, 1)
     end, { desc = 'draftwise' })
   end
 end
@@ -502,7 +722,8 @@ end
 function M.setup(opts)
   opts = opts or {}
   for key, kind in pairs({ cmd = 'table', cmd_env = 'table', settings = 'table', filetypes = 'table',
-    keymaps = 'table', debounce_ms = 'number', auto_trigger = 'boolean', root_markers = 'table' }) do
+    keymaps = 'table', debounce_ms = 'number', auto_trigger = 'boolean', root_markers = 'table',
+    show_timing_inline = 'boolean', restart = 'table' }) do
     if opts[key] ~= nil and type(opts[key]) ~= kind then
       error(('draftwise.setup: %s must be a %s, got %s'):format(key, kind, type(opts[key])), 2)
     end
@@ -514,6 +735,7 @@ function M.setup(opts)
   end
   -- default = true: a colorscheme's or the user's own definition wins.
   vim.api.nvim_set_hl(0, M.config.highlight, { link = 'Comment', default = true })
+  vim.api.nvim_set_hl(0, 'DraftwiseHint', { link = 'NonText', default = true })
 
   augroup = vim.api.nvim_create_augroup('draftwise', { clear = true })
   vim.api.nvim_create_autocmd({ 'FileType', 'BufEnter' }, {
@@ -552,6 +774,28 @@ function M.setup(opts)
 
   vim.api.nvim_create_user_command('DraftwiseStats', M.show_stats, { desc = 'Show the draftwise server stats' })
   vim.api.nvim_create_user_command('DraftwiseRestart', M.restart, { desc = 'Restart the draftwise server' })
+  local function scope_command(fn)
+    return function(opts)
+      local ok, err = pcall(fn, opts.args ~= '' and opts.args or nil)
+      if not ok then
+        vim.notify(tostring(err), vim.log.levels.ERROR)
+      end
+    end
+  end
+  local scope_opts = {
+    nargs = '?',
+    complete = function()
+      return { 'buffer', 'language', 'global' }
+    end,
+  }
+  vim.api.nvim_create_user_command('DraftwiseEnable', scope_command(M.enable),
+    vim.tbl_extend('force', scope_opts, { desc = 'Suggestions on: buffer, language or global (default)' }))
+  vim.api.nvim_create_user_command('DraftwiseDisable', scope_command(M.disable),
+    vim.tbl_extend('force', scope_opts, { desc = 'Suggestions off: buffer, language or global (default)' }))
+  vim.api.nvim_create_user_command('DraftwiseToggle', scope_command(M.toggle),
+    vim.tbl_extend('force', scope_opts, { desc = 'Suggestions on/off: buffer, language or global (default)' }))
+  vim.api.nvim_create_user_command('DraftwiseSnooze', scope_command(M.snooze),
+    { nargs = '?', desc = 'No suggestions for N minutes (default 15)' })
   set_keymaps()
   M.state.setup_done = true
 

@@ -1,0 +1,91 @@
+"""Alternatives on request: the greedy text is untouched, the others are distinct greedy continuations
+of the next-best first tokens, and they reuse the prompt's cache."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding import CompletionRequest, EngineConfig
+from decoding.engine import Engine
+from tests.engine.test_lossless import random_prompts, reference_greedy
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    e = Engine(EngineConfig(target=str(tiny_model_dir), drafter="auto", max_tokens=16))
+    e.load()
+    yield e
+    e.close()
+
+
+def greedy_from(engine: Engine, ids: list[int], first: int, max_tokens: int) -> str:
+    """Plain greedy decoding forced to start with `first`: one full forward per token, no cache."""
+    out = [first]
+    with torch.inference_mode():
+        while len(out) < max_tokens:
+            tok = int(engine.target.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
+            if tok in engine.end_ids:
+                break
+            out.append(tok)
+    return engine.tokenizer.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def test_greedy_text_is_the_same_with_alternatives(engine):
+    for i, (prefix, suffix) in enumerate(random_prompts(6, seed=3)):
+        plain = CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=16)
+        with_alternatives = CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=16,
+                                              alternatives=2, document=f"alt-{i}")
+        result = engine.complete(with_alternatives)
+        assert result.text == reference_greedy(engine, plain, 16), f"prompt {i}"
+        assert result.text == engine.complete(plain).text
+
+
+def test_alternatives_are_distinct_greedy_continuations_of_next_best_first_tokens(engine):
+    prefix, suffix = "def fibonacci(n):\n    if n < 2:\n        return n\n    return ", ""
+    request = CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=10, alternatives=2,
+                                document="alt-ranked")
+    result = engine.complete(request)
+    assert len(result.alternatives) == 2
+    texts = [result.text, *result.alternatives]
+    assert len({t.strip() for t in texts}) == 3, texts
+    ids = engine.build_prompt(request)
+    with torch.inference_mode():
+        ranked = engine.target.model(input_ids=torch.tensor([ids])).logits[0, -1].topk(40).indices.tolist()
+    expected = []
+    for token in ranked[1:]:
+        if token in engine.end_ids:
+            continue
+        text = greedy_from(engine, ids, token, 10)
+        if text.strip() and text.strip() not in {t.strip() for t in [result.text, *expected]}:
+            expected.append(text)
+        if len(expected) == 2:
+            break
+    assert result.alternatives == expected
+
+
+def test_alternatives_read_the_prompt_once(engine):
+    request = CompletionRequest(prefix="class Stack:\n    def push(self, item):\n        ", scope="full",
+                                max_tokens=8, alternatives=2, document="alt-cache")
+    engine.complete(request)  # warm: the prompt's cache is stored
+    runner = engine.target_runner
+    fed: list[int] = []
+    original = runner.forward
+
+    def counting(ids, logits_to_keep=None):
+        fed.append(len(ids))
+        return original(ids, logits_to_keep)
+
+    runner.forward = counting
+    try:
+        result = engine.complete(request)
+    finally:
+        runner.forward = original
+    assert len(result.alternatives) == 2
+    prompt_len = len(engine.build_prompt(request))
+    assert max(fed) < prompt_len // 2, f"a forward of {max(fed)} tokens re-read the {prompt_len}-token prompt"
+
+
+def test_no_alternatives_unless_asked(engine):
+    result = engine.complete(CompletionRequest(prefix="import os\n", scope="full", max_tokens=8))
+    assert result.alternatives == []
+    assert "alternatives" not in result.to_dict()
