@@ -288,6 +288,7 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
       return b.lines.some((l) => l.startsWith('state:')) ? b : null;
     }, { timeoutMs: 5000 });
     assert.ok(buffer.lines.includes('state:    ready'), buffer.lines.join('\n'));
+    assert.ok(buffer.lines.some((l) => /^weights:  (fp32|bf16|int8|int4) \(/.test(l)), buffer.lines.join('\n'));
     assert.ok(buffer.lines.some((l) => /^requests: [1-9]/.test(l)), buffer.lines.join('\n'));
     assert.ok(buffer.lines.some((l) => l.includes('tokens per target forward')), buffer.lines.join('\n'));
     nvim.send('q');

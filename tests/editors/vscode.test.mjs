@@ -166,6 +166,7 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
       return s && TIMING_STATUS.test(s.text) ? s : null;
     }, { timeoutMs: 10_000 });
     assert.match(status.label, /^Draftwise ready: /);
+    assert.match(status.label, /, (fp32|bf16|int8|int4) weights, /); // the format `--weights auto` chose
   });
 
   test('the status bar says "generating…" while a request runs, then the latency and speed', { timeout: model.replyTimeoutMs }, async () => {

@@ -46,6 +46,7 @@ export interface ServerStats {
   drafter?: string;
   device?: string;
   dtype?: string;
+  weights?: string; // the weight format in use (fp32, bf16, int8, int4)
   last: { acceptance_rate?: number; tokens_per_forward?: number; [key: string]: unknown } | null;
   timing?: { latencyMs: number; tokensPerSecond: number | null; tokens: number } | null;
   cumulative?: Record<string, unknown>;
@@ -227,7 +228,7 @@ class StatusBar implements vscode.Disposable {
     }
     const stats = this.lastStats;
     const models = `${stats?.target ?? '?'}${stats?.draft ? ` + ${stats.draft}` : ''}`;
-    const where = `${stats?.device ?? '?'}, ${stats?.dtype ?? '?'}, drafter ${stats?.drafter ?? '?'}`;
+    const where = `${stats?.device ?? '?'}, ${stats?.weights ?? '?'} weights, drafter ${stats?.drafter ?? '?'}`;
     if (this.off !== undefined) {
       const words = this.off === 'snoozed' ? `snoozed ${this.snoozeMinutes ?? 0} min` : OFF_WORDS[this.off];
       this.show(`$(${this.off === 'snoozed' ? 'watch' : 'circle-slash'}) Draftwise ${words}`,

@@ -405,6 +405,7 @@ function M.format_stats(stats)
     ('draft:    %s'):format(stats.draft or 'none'),
     ('drafter:  %s'):format(stats.drafter or '?'),
     ('device:   %s, %s'):format(stats.device or '?', stats.dtype or '?'),
+    ('weights:  %s%s'):format(stats.weights or '?', stats.weightsReason and (' (' .. stats.weightsReason .. ')') or ''),
     ('requests: %s'):format(stats.requests or 0),
   }
   if stats.last then
