@@ -93,9 +93,10 @@ async def main() -> int:
     async def ask(pos: types.Position, title: str):
         before = as_dict(await client.protocol.send_request_async("draftwise/stats", {})).get("requests", 0)
         start = time.perf_counter()
+        # Triggered as an editor does while typing (an explicit invoke waits for alternatives instead).
         result = await client.text_document_inline_completion_async(types.InlineCompletionParams(
             text_document=types.TextDocumentIdentifier(uri=uri), position=pos,
-            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
         answered_ms = (time.perf_counter() - start) * 1000
         items = result.items if isinstance(result, types.InlineCompletionList) else (result or [])
         # A type-ahead answer comes at once; the engine still verifies the rest of the suggestion.

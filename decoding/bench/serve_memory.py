@@ -40,7 +40,7 @@ async def _measure(target: str, weights: str, extra: list[str], timeout_s: float
         lines = SAMPLE.split("\n")
         await client.text_document_inline_completion_async(types.InlineCompletionParams(
             text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(len(lines) - 1, len(lines[-1])),
-            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
         return psutil.Process(client._server.pid).memory_info().rss / 2**20
     finally:
         try:
