@@ -545,6 +545,7 @@ def build_report_data(bench: Bench, modes_order: Sequence[str], config: dict) ->
         "config": {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                    "machine": machine_info(), "timing_method": TIMING_METHOD},
         "cases": [c.to_dict() for c in bench.cases],
+        "quality_cases": [c.to_dict() for c in bench.quality_cases],
         "runs": {m: [r.to_dict() for r in res.runs[m].values()] for m in modes},
         "quality_runs": {f: [r.to_dict() for r in recs.values()] for f, recs in res.quality_runs.items()},
     }

@@ -152,7 +152,7 @@ def plot(data: Mapping, path: str | Path) -> None:
         s = data["modes"][mode]
         vals = [s.get("speedup_by_language", {}).get(g) for g in langs] + [s.get("speedup_vs_plain")]
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(groups))]
-        ax.bar(xs, [v or 0 for v in vals], width, label=label(mode))
+        ax.bar(xs, [v or 0 for v in vals], width, label=label(mode), color=plt.cm.tab20(i % 20))
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups)
@@ -160,7 +160,7 @@ def plot(data: Mapping, path: str | Path) -> None:
     cfg = data["config"]
     ax.set_title(f"{Path(str(cfg.get('target'))).name} on {cfg.get('machine', {}).get('cores', '?')} CPU cores, "
                  f"{cfg.get('cases')} cases, {cfg.get('date', '')}", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never on them
     fig.tight_layout()
     fig.savefig(str(path), dpi=120)
     plt.close(fig)

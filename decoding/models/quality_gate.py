@@ -10,7 +10,16 @@ from __future__ import annotations
 MAX_DROP_POINTS = 2.0
 
 # preset name -> the benchmark's quality figures (first-line exact match, percent of cases)
-MEASURED: dict[str, dict] = {}
+MEASURED: dict[str, dict] = {'qwen2.5-coder-0.5b': {'cases': 41,
+                        'first_line_exact': {'fp32': 17.1, 'int8': 14.6, 'bf16': 17.1},
+                        'similarity': {'llamacpp-q4': 0.62, 'fp32': 0.629, 'int8': 0.595, 'bf16': 0.608},
+                        'llamacpp_q4_first_line_exact': 17.1,
+                        'runs': ['draftwise bench --limit 1 --quality-cases 40 --max-tokens 48 '
+                                 '--typing-cases 0 --cancel-tries 0 --weights fp32,int8 --modes '
+                                 'none,llamacpp-plain --json quality-0.5b-fp32-int8.json (2026-12-01 04:43 UTC)',
+                                 'draftwise bench --limit 1 --quality-cases 40 --max-tokens 48 '
+                                 '--typing-cases 0 --cancel-tries 0 --weights bf16 --modes none --json '
+                                 'quality-0.5b-bf16.json (2026-12-01 04:49 UTC)']}}
 
 
 def verdicts(first_line_exact: dict[str, float]) -> dict[str, bool]:
