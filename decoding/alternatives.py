@@ -21,85 +21,70 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Callable
 
-from decoding.api import CancelToken, CompletionRequest, RequestStats
+from decoding.api import CancelToken, RequestStats
+from decoding.policy import DraftPolicy
+from decoding.request_plan import RequestPlan
+from decoding.runner import Cancelled
+from decoding.sampling import Sampler
+from decoding.speculative import speculative_decode
 
 log = logging.getLogger("draftwise.alternatives")
 
 CANDIDATES_PER_ALTERNATIVE = 4  # first tokens looked at per wanted alternative (some give duplicates)
 
 
-def generate(engine, request: CompletionRequest, prompt: list[int], greedy_text: str, finish,
-             cancel: CancelToken, count: int) -> list[str]:
-    """Up to `count` texts, each distinct from greedy_text and from each other, best first token first.
-
-    `finish` is the greedy run's Finish (its rules are reused; its state is not touched). Runs on the
-    engine's worker thread, after the greedy run handed its cache back to the store."""
-    from decoding.drafters.base import DraftContext
-    from decoding.policy import DraftPolicy
-    from decoding.runner import Cancelled
-    from decoding.sampling import Sampler
-    from decoding.speculative import speculative_decode
-
-    if count <= 0 or cancel.cancelled or len(prompt) == 0 or finish.max_tokens < 1:
+def generate(models, plan: RequestPlan, greedy_text: str, cancel: CancelToken) -> list[str]:
+    """Up to `plan.request.alternatives` texts, each distinct from greedy_text and from each other, best
+    first token first. Runs on the engine's worker thread, after the greedy run handed its cache back to
+    the store; the plan's stop rule is reused."""
+    count, prompt, rule = plan.request.alternatives, plan.prompt, plan.rule
+    if count <= 0 or cancel.cancelled or len(prompt) == 0 or rule.max_tokens < 1:
         return []
-    runner = engine.target_runner
+    runner = models.target_runner
     texts: list[str] = []
     seen = {greedy_text.strip()}
-    failed = True
-    runner.start(prompt, request.document)
+    runner.start(prompt, plan.request.document)
     try:
         runner.sync(prompt, cancel)  # normally a crop: the greedy run stored prompt + its suggestion
         first = runner.forward([prompt[-1]])[-1]
         ranked = first.topk(min(first.shape[-1], (count + 1) * CANDIDATES_PER_ALTERNATIVE)).indices.tolist()
-        greedy_first = ranked[0]
-        candidates = [t for t in ranked if t != greedy_first and t not in finish.end_ids]
-        for token in candidates:
+        for token in [t for t in ranked[1:] if t not in rule.end_ids]:
             if len(texts) >= count or cancel.cancelled:
                 break
             runner.crop_to(len(prompt))
-            text = _continue(engine, runner, request, prompt, token, finish, cancel,
-                             DraftPolicy, DraftContext, Sampler, speculative_decode)
+            text = _continue(models, plan, token, cancel)
             if text is None:  # cancelled
                 break
-            key = text.strip()
-            if key and key not in seen:
-                seen.add(key)
+            if text.strip() and text.strip() not in seen:
+                seen.add(text.strip())
                 texts.append(text)
-        failed = False
     except Cancelled:
-        failed = False
-    finally:
-        runner.discard() if failed else runner.finish()
+        pass
+    except BaseException:
+        runner.discard()
+        raise
+    runner.finish()
     return texts
 
 
-def _continue(engine, runner, request: CompletionRequest, prompt: list[int], token: int, finish, cancel,
-              DraftPolicy, DraftContext, Sampler, speculative_decode) -> str | None:
+def _continue(models, plan: RequestPlan, token: int, cancel: CancelToken) -> str | None:
     """The text of first token `token` continued greedily; None when cancelled."""
-    import time
-
-    decode: Callable[[list[int]], str] = engine._decode
+    decode = models.decode
     # The stop rules must see the first token too: decode it with every check.
-    alt_finish = replace(finish, decode=lambda ids: decode([token] + ids), max_tokens=finish.max_tokens - 1,
-                         keep_tokens=0, keep_chars=None)
-    seq = list(prompt) + [token]
+    rule = replace(plan.rule, decode=lambda ids: decode([token] + ids), max_tokens=plan.rule.max_tokens - 1)
+    seq = list(plan.prompt) + [token]
     scratch = RequestStats(drafter="lookup")  # the greedy request's stats stay about the greedy run
-    policy = DraftPolicy("lookup", dict(engine.drafters), engine.cost, scratch)
-    policy.begin(DraftContext(seq, request.prefix, request.suffix, request.document, Sampler(0.0), cancel))
+    policy = DraftPolicy("lookup", models.drafters, models.cost, scratch)
+    policy.begin(seq, replace(plan.request, draft_hint=""), Sampler(0.0), cancel)
     try:
-        if alt_finish.max_tokens == 0:
-            generated: list[int] = []
-            alt_finish.check(generated)
+        if rule.max_tokens == 0:
+            generated, stop = [], rule.check([])
         else:
-            generated = speculative_decode(runner, seq, policy, Sampler(0.0), alt_finish, cancel, scratch,
-                                           time.perf_counter())
+            generated, stop = speculative_decode(models.target_runner, seq, policy, Sampler(0.0), rule, cancel,
+                                                 scratch)
     finally:
-        policy.end(False)
-    if scratch.stopped == "cancelled":
+        policy.end()
+    if stop.reason == "cancelled":
         return None
-    text = decode([token] + generated[:alt_finish.keep_tokens])
-    if alt_finish.keep_chars is not None:
-        text = text[:alt_finish.keep_chars]
-    return text
+    return stop.text(generated, rule.decode)

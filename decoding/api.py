@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Sequence
 
 DRAFTERS = ("none", "lookup", "model", "suggestion", "auto")
 SCOPES = ("auto", "line", "block", "full")
 WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8", "int4")  # decoding.models.weights implements them
-STOP_REASONS = ("eos", "max_tokens", "stop_rule", "time_limit", "cancelled", "error")
+STOP_REASONS = ("eos", "max_tokens", "stop_rule", "time_limit", "cancelled")  # a failure raises instead
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class CompletionRequest:
     seed: int | None = None
     time_limit_s: float | None = None  # stop (stopped="time_limit") after this much decode time
     alternatives: int = 0  # other suggestions wanted after the greedy one (decoding/alternatives.py)
+    # Text the user is probably typing next (the rest of a suggestion on screen): the suggestion
+    # drafter proposes it and the target verifies it, so a wrong hint costs one forward, never output.
+    draft_hint: str = ""
 
 
 @dataclass
@@ -71,6 +74,21 @@ class RequestStats:
     @property
     def tokens_per_forward(self) -> float:
         return self.generated_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    def add(self, other: "RequestStats") -> None:
+        """Accumulate another request's counts and times (the engine's cumulative stats)."""
+        for f in fields(self):
+            value = getattr(other, f.name)
+            if isinstance(value, dict):
+                mine = getattr(self, f.name)
+                for key, n in value.items():
+                    mine[key] = mine.get(key, 0) + n
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                setattr(self, f.name, getattr(self, f.name) + value)
+
+    def copy(self) -> "RequestStats":
+        return replace(self, drafted_by=dict(self.drafted_by), accepted_by=dict(self.accepted_by),
+                       decisions=dict(self.decisions))
 
     def to_dict(self) -> dict:
         d = asdict(self)

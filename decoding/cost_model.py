@@ -15,6 +15,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from decoding.drafters.base import Offer
+
 # Prior acceptance per bucket (successes, failures): lookup matches get more trustworthy with length.
 PRIORS = {
     "lookup:n8": (3.0, 1.0), "lookup:n6": (2.5, 1.0), "lookup:n4": (2.0, 1.5), "lookup:n3": (1.5, 1.5),
@@ -112,24 +114,19 @@ class Acceptance:
 
 @dataclass
 class Plan:
-    source: str  # drafter name, or "none"
-    k: int
+    source: str  # drafter name
+    k: int  # the best draft length (0: every length loses to plain decoding)
     rate: float  # expected tokens per second
-    key: str = ""
+    pays: bool  # beats plain decoding by MIN_GAIN, counting the catch-up
 
 
 class CostModel:
-    def __init__(self, target: ForwardTimes, draft_step_s: float | None = None, max_draft: int = 16,
-                 draft_prefill_s: float | None = None):
+    """Prices drafts: every drafter's offer, and whether a draft model can pay on this device."""
+
+    def __init__(self, target: ForwardTimes, max_draft: int = 16):
         self.t = target
-        self.draft_step_s = draft_step_s  # one draft-model token
-        self.draft_prefill_s = draft_prefill_s  # one prompt token read by the draft model (in a chunk)
         self.max_draft = max_draft
         self.acceptance = Acceptance()
-
-    def observe_draft_step(self, seconds: float, weight: float = 0.1) -> None:
-        """A drafted token's measured cost: at load the draft model is timed on a short context."""
-        self.draft_step_s = seconds if not self.draft_step_s else (1 - weight) * self.draft_step_s + weight * seconds
 
     @staticmethod
     def amortized_rate(rate: float, tokens: int, upfront_s: float) -> float:
@@ -150,24 +147,22 @@ class CostModel:
                 best = (k, rate)
         return best
 
-    def plan(self, source: str, key: str, max_k: int, step_cost: float = 0.0) -> Plan:
-        k, rate = self.best_k(self.acceptance.alpha(key), max_k, step_cost)
-        if k == 0 or rate < self.plain_rate * MIN_GAIN:
-            return Plan("none", 0, self.plain_rate)
-        return Plan(source, k, rate, key)
+    def price(self, source: str, offer: Offer, room: int) -> Plan:
+        """The best draft length for this offer, its rate, and whether it pays. room: tokens the
+        request may still emit. A one-off catch-up is spread over all of them: on a CPU a draft model
+        reading 1,000 prompt tokens takes seconds, on a GPU milliseconds."""
+        k, rate = self.best_k(self.acceptance.alpha(offer.key), min(offer.tokens, room - 1), offer.step_s)
+        rate = self.amortized_rate(rate, room, offer.catch_up_s) if k else rate
+        return Plan(source, k, rate, k > 0 and rate >= self.plain_rate * MIN_GAIN)
 
-    def model_pays(self, alpha: float = 0.9) -> bool:
-        """Could the draft model beat plain decoding even when it is right 90% of the time?"""
-        if not self.draft_step_s:
-            return False
-        _, rate = self.best_k(alpha, self.max_draft, self.draft_step_s)
+    def drafter_pays(self, step_s: float, alpha: float = 0.9) -> bool:
+        """Could a drafter costing step_s a token beat plain decoding when right 90% of the time?"""
+        _, rate = self.best_k(alpha, self.max_draft, step_s)
         return rate > self.plain_rate * MIN_GAIN
 
     def summary(self) -> dict:
         return {
             "target_forward_ms": {n: round(s * 1000, 1) for n, s in sorted(self.t.by_tokens.items())},
-            "draft_step_ms": round(self.draft_step_s * 1000, 1) if self.draft_step_s else None,
-            "draft_prefill_ms_per_token": round(self.draft_prefill_s * 1000, 2) if self.draft_prefill_s else None,
             "verify8_over_decode": round(self.t(8) / self.t(1), 2),
             "acceptance": {k: round(self.acceptance.alpha(k), 3) for k in sorted(self.acceptance.lifetime)},
         }

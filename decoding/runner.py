@@ -46,13 +46,15 @@ class ModelRunner:
         self.tokens: list[int] = []
         self.document = ""
         self.forwards = 0  # lifetime count, read by tests and stats
-        self.on_forward = None  # called after every forward (the engine counts forwards after a cancel)
+        self.cancel: CancelToken | None = None  # the running request's, set by start()
+        self.forwards_after_cancel = 0  # this request's forwards that finished after its cancel
         # Test-only switch: make each forward slow enough to cancel mid-generation with a tiny model.
         self.test_delay_s = float(os.environ.get("DRAFTWISE_TEST_FORWARD_DELAY_MS", "0") or 0) / 1000.0
 
-    def start(self, ids: list[int], document: str) -> int:
+    def start(self, ids: list[int], document: str, cancel: CancelToken | None = None) -> int:
         """Take the best stored cache for this prompt; returns how many prompt tokens it covers."""
         self.document = document
+        self.cancel, self.forwards_after_cancel = cancel, 0
         got = self.store.take(ids, document)
         if got is None:
             self.cache, self.tokens = DynamicCache(config=self.model.config), []
@@ -85,8 +87,8 @@ class ModelRunner:
         self.forwards += 1
         if self.test_delay_s:
             time.sleep(self.test_delay_s)
-        if self.on_forward is not None:
-            self.on_forward()
+        if self.cancel is not None and self.cancel.cancelled:
+            self.forwards_after_cancel += 1  # what a cancel costs: the forward already in flight
         return out.logits[0].float()
 
     def sync(self, seq: list[int], cancel: CancelToken | None = None) -> int:
@@ -99,6 +101,3 @@ class ModelRunner:
                 raise Cancelled()
             self.forward(missing[i:i + PREFILL_CHUNK], logits_to_keep=1)
         return len(missing)
-
-    def reset_store(self) -> None:
-        self.store.clear()

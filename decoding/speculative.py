@@ -11,20 +11,32 @@ from decoding.runner import ModelRunner
 from decoding.sampling import Sampler
 
 
-@dataclass
-class Finish:
-    """When a completion is over. `check` sees every generated token and returns a stop reason or ''."""
+@dataclass(frozen=True)
+class Stop:
+    """Why a completion ended and how much of the generated output it keeps (speculation may have
+    accepted tokens past the end, which plain decoding would never have produced)."""
 
-    end_ids: set[int]
+    reason: str  # one of decoding.api.STOP_REASONS
+    keep_tokens: int
+    keep_chars: int | None = None  # cut the kept tokens' text here (a stop rule fired mid-token)
+
+    def text(self, generated: list[int], decode: Callable[[list[int]], str]) -> str:
+        text = decode(generated[:self.keep_tokens])
+        return text if self.keep_chars is None else text[:self.keep_chars]
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a completion is over. `check` sees every generated token."""
+
+    end_ids: frozenset[int]
     max_tokens: int
     decode: Callable[[list[int]], str]
     text_rule: Callable[[str], int | None]  # StopRules.check: chars to keep, or None to go on
     final_rule: Callable[[str], int | None]  # StopRules.finish: chars to keep when generation ends otherwise
     deadline: float | None = None  # time.monotonic() value
-    keep_tokens: int = 0
-    keep_chars: int | None = None
 
-    def check(self, generated: list[int]) -> str:
+    def check(self, generated: list[int]) -> Stop | None:
         n = min(len(generated), self.max_tokens)
         eos = next((i for i, tok in enumerate(generated[:n]) if tok in self.end_ids), None)
         upto = n if eos is None else eos
@@ -33,31 +45,26 @@ class Finish:
         text = self.decode(generated[:upto]).rstrip("\ufffd")  # an unfinished UTF-8 sequence is not text yet
         cut = self.text_rule(text)
         if cut is not None:
-            return self._stop("stop_rule", upto, cut)
+            return Stop("stop_rule", upto, cut)
         if eos is not None:
-            return self._stop("eos", eos, self.final_rule(text))
+            return Stop("eos", eos, self.final_rule(text))
         if len(generated) >= self.max_tokens:
-            return self._stop("max_tokens", n, self.final_rule(text))
+            return Stop("max_tokens", n, self.final_rule(text))
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            return self._stop("time_limit", n, self.final_rule(text))
-        return ""
-
-    def _stop(self, reason: str, keep_tokens: int, keep_chars: int | None) -> str:
-        self.keep_tokens, self.keep_chars = keep_tokens, keep_chars
-        return reason
+            return Stop("time_limit", n, self.final_rule(text))
+        return None
 
 
 def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy, sampler: Sampler,
-                       finish: Finish, cancel: CancelToken, stats: RequestStats, started: float) -> list[int]:
-    """seq: the prompt; the target's cache must hold seq[:-1]. Returns all generated tokens."""
-    prompt_len = len(seq)
+                       rule: StopRule, cancel: CancelToken, stats: RequestStats) -> tuple[list[int], Stop]:
+    """seq: the prompt; the target's cache must hold seq[:-1]. Returns every generated token and
+    where the completion stops (a cancelled one keeps what it has)."""
+    prompt_len, started = len(seq), time.perf_counter()
     while True:
         if cancel.cancelled:
-            stats.stopped = "cancelled"
             break
-        draft = policy.propose(seq, finish.max_tokens - (len(seq) - prompt_len))
+        draft = policy.propose(seq, rule.max_tokens - (len(seq) - prompt_len))
         if cancel.cancelled:
-            stats.stopped = "cancelled"
             break
         t_forward = time.perf_counter()
         logits = target.forward([seq[-1]] + (draft.tokens if draft else []))
@@ -67,8 +74,8 @@ def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy,
         policy.observe(draft, len(new) - 1, time.perf_counter() - t_forward)
         seq.extend(new)
         if stats.target_forwards == 1:
-            stats.first_token_ms = (time.perf_counter() - started) * 1000
-        stats.stopped = finish.check(seq[prompt_len:])
-        if stats.stopped:
-            break
-    return seq[prompt_len:]
+            stats.first_token_ms = stats.prefill_ms + (time.perf_counter() - started) * 1000
+        stop = rule.check(seq[prompt_len:])
+        if stop is not None:
+            return seq[prompt_len:], stop
+    return seq[prompt_len:], Stop("cancelled", len(seq) - prompt_len)

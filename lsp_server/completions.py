@@ -179,13 +179,8 @@ class Completions:
         except Exception:
             log.exception("completion failed for %s", uri)
             return None
-        finally:
-            self.host.finished(uri, job)
         if result.stats.stopped == "cancelled" or self._moved_on(doc, version):
             return SUPERSEDED
-        if result.stats.stopped == "error":
-            log.warning("the engine stopped with an error for %s", uri)
-            return None
         self.last_stats = result.stats.to_dict()
         suggestion = finish(result.text, instant=False)
         if suggestion is not None and use_memory:
@@ -211,7 +206,7 @@ class Completions:
             prefix=prefix, suffix=suffix, path=display_path(doc.uri, folders), document=doc.uri,
             language=doc.language_id, context=tuple(context), max_tokens=engine.max_tokens,
             context_tokens=engine.context_tokens, scope=settings.scope, drafter=engine.drafter,
-            temperature=settings.temperature)
+            temperature=settings.temperature, draft_hint=self.typeahead.draft_hint(doc.uri, prefix))
 
     def _submit(self, request: CompletionRequest, version: int):
         try:
@@ -230,9 +225,7 @@ class Completions:
         except Exception:
             log.exception("background completion failed for %s", doc.uri)
             return
-        finally:
-            self.host.finished(doc.uri, job)
-        if result.stats.stopped in ("cancelled", "error") or self._moved_on(doc, version):
+        if result.stats.stopped == "cancelled" or self._moved_on(doc, version):
             return
         edit = shape(result.text, line_before, line_after, indent)
         if edit is not None:
@@ -285,8 +278,8 @@ class Completions:
         record = self._items.pop(info["id"], None)
         if record is not None and record.alternative:
             self.counts.alternatives_accepted += 1
-            # The engine remembers only its greedy text; what the user took is what they build on.
-            self.host.remember(record.uri, record.prefix, record.suffix, record.text)
+            # What the user took is what they build on: the suggestion drafter drafts along it.
+            self.typeahead.remember(record.uri, record.prefix, record.suffix, record.text)
 
     def partially_accepted(self, arguments: Sequence[object]) -> None:
         """The user took the first `acceptedLength` characters of an item (a word, a line). The rest
@@ -313,7 +306,6 @@ class Completions:
         if record.alternative:
             self.counts.alternatives_accepted += 1
         self.typeahead.remember(record.uri, record.prefix, record.suffix, record.text)
-        self.host.remember(record.uri, record.prefix, record.suffix, record.text)
 
 
 def _command_argument(arguments: Sequence[object], command: str) -> dict:

@@ -41,8 +41,6 @@ class EngineHost:
         self._engine: Engine | None = None
         self._closed = False  # shut down: load nothing more
         self._load_lock = asyncio.Lock()
-        # The newest job per document, with the document version it was made for.
-        self._in_flight: dict[str, tuple[int, Job]] = {}
 
     @property
     def ready(self) -> bool:
@@ -126,40 +124,20 @@ class EngineHost:
         """Queue a completion; the engine cancels this document's previous job (latest wins)."""
         if not self.ready or self._engine is None:
             raise EngineNotReady(f"the model is not ready (state {self.state})")
-        job = self._engine.submit(request)
-        self._in_flight[request.document] = (version, job)
-        return job
+        return self._engine.submit(request, version=version)
 
     def document_changed(self, document: str, version: int) -> None:
         """The document moved past the version its running job was made for: stop that job now."""
-        entry = self._in_flight.get(document)
-        if entry is not None and entry[0] < version:
-            del self._in_flight[document]
-            entry[1].cancel()
+        if self._engine is not None:
+            self._engine.document_changed(document, version)
 
     def document_closed(self, document: str) -> None:
-        entry = self._in_flight.pop(document, None)
-        if entry is not None:
-            entry[1].cancel()
-
-    def finished(self, document: str, job: Job) -> None:
-        entry = self._in_flight.get(document)
-        if entry is not None and entry[1] is job:
-            del self._in_flight[document]
-
-    def remember(self, document: str, prefix: str, suffix: str, text: str) -> None:
-        """Tell the engine's suggestion memory about text the user took (see Completions)."""
-        if not self.ready or self._engine is None:
-            return
-        try:
-            self._engine.remember(document, prefix, suffix, text)
-        except Exception:  # a closing engine; the memory is an optimisation only
-            log.debug("engine.remember failed", exc_info=True)
+        if self._engine is not None:
+            self._engine.document_closed(document)
 
     def cancel_all(self) -> None:
-        for _, job in self._in_flight.values():
-            job.cancel()
-        self._in_flight.clear()
+        if self._engine is not None:
+            self._engine.cancel_all()
 
     # ---- reporting -----------------------------------------------------------------------------
 

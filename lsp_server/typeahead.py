@@ -1,13 +1,15 @@
-"""Type-ahead: while the user types the characters of the suggestion on screen, the next request is
-answered from that suggestion at once instead of waiting for the model.
+"""The suggestions shown per document — the one memory of them — and what it is used for:
 
-The engine is still asked (its suggestion drafter verifies the rest of the suggestion in one forward,
-and its memory and stats stay right); its answer replaces the remembered suggestion for the keystrokes
-after. This module only decides whether a request continues a shown suggestion.
+- type-ahead: while the user types the characters of the suggestion on screen, the next request is
+  answered from that suggestion at once instead of waiting for the model;
+- the draft hint: the rest of a shown suggestion that the user's prefix runs along is passed to the
+  engine with the request, and its suggestion drafter proposes it (verified in one forward).
+
+The engine is still asked; its answer replaces the remembered suggestion for the keystrokes after.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 # Characters an editor inserts by itself while the user types along (auto-closing `(` adds `)`):
@@ -23,12 +25,14 @@ class ShownSuggestion:
 
 
 class TypeAheadMemory:
-    def __init__(self, max_documents: int = 64) -> None:
-        self._shown: OrderedDict[str, ShownSuggestion] = OrderedDict()
+    def __init__(self, max_documents: int = 64, per_document: int = 4) -> None:
+        self._shown: OrderedDict[str, deque[ShownSuggestion]] = OrderedDict()
         self._max = max_documents
+        self._per_document = per_document
 
     def remember(self, document: str, prefix: str, suffix: str, text: str) -> None:
-        self._shown[document] = ShownSuggestion(prefix, suffix, text)
+        entries = self._shown.setdefault(document, deque(maxlen=self._per_document))
+        entries.append(ShownSuggestion(prefix, suffix, text))
         self._shown.move_to_end(document)
         while len(self._shown) > self._max:
             self._shown.popitem(last=False)
@@ -37,12 +41,27 @@ class TypeAheadMemory:
         self._shown.pop(document, None)
 
     def shown(self, document: str) -> ShownSuggestion | None:
-        return self._shown.get(document)
+        """The latest suggestion shown in the document."""
+        entries = self._shown.get(document)
+        return entries[-1] if entries else None
+
+    def draft_hint(self, document: str, prefix: str) -> str:
+        """The rest of a recent suggestion that `prefix` runs part-way along (typed into it, or deleted
+        back into it), or ''. Looser than `continuation`: a wrong hint only costs a forward."""
+        for entry in reversed(self._shown.get(document, ())):
+            whole = entry.prefix + entry.text
+            # The new prefix must share everything up to the old cursor's line and lie along `whole`.
+            cut = entry.prefix.rfind("\n") + 1
+            if len(prefix) >= cut and whole.startswith(prefix) and prefix[:cut] == entry.prefix[:cut]:
+                rest = whole[len(prefix):]
+                if rest:
+                    return rest
+        return ""
 
     def continuation(self, document: str, prefix: str, suffix: str) -> str | None:
         """The rest of the shown suggestion if the document now reads `prefix + suffix` because the
         user typed its first characters (or typed nothing and asks again); None otherwise."""
-        shown = self._shown.get(document)
+        shown = self.shown(document)
         if shown is None or not prefix.startswith(shown.prefix):
             return None
         typed = prefix[len(shown.prefix):]

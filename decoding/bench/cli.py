@@ -114,9 +114,9 @@ def load_engines(config, formats: list[str], say) -> tuple[dict, object, str]:
         say(f"loading {fmt} weights")
         engine = Engine(replace(config, weights=fmt))
         engine.load()
-        chosen = engine.target.weights
+        chosen = engine.models.target.weights
         if fmt == "auto":
-            reason = engine.weights.reason
+            reason = engine.models.weights.reason
         if chosen in engines:
             engine.close()
             continue

@@ -7,7 +7,7 @@ Fairness rules:
   to an end token or the limit, with none of the code-aware stop rules, exactly what `generate`
   returns.
 - Each mode comparison request starts cold: stored KV caches are dropped before it and its document
-  key is unique, so no mode benefits from another mode's prefill or suggestion memory.
+  key is unique, so no mode benefits from another mode's prefill.
 - Modes run case by case (all modes of case 1, then of case 2, ...), so a change in machine load
   hits every mode alike.
 """
@@ -69,22 +69,13 @@ class BenchResult:
     quality_runs: dict[str, dict[str, RunRecord]] = field(default_factory=dict)  # format -> case -> record
 
 
-def _forget_caches(engine) -> None:
-    """Drop every KV cache the engine keeps across requests, so the next request starts cold."""
-    runners = [getattr(engine, "target_runner", None)]
-    runners += [getattr(d, "runner", None) for d in getattr(engine, "drafters", {}).values()]
-    for r in runners:
-        if r is not None and hasattr(r, "reset_store"):
-            r.reset_store()
-
-
 def _request(case: Case, mode: str, document: str, max_tokens: int, scope: str = "full",
-             prefix: str | None = None):
+             prefix: str | None = None, draft_hint: str = ""):
     from decoding.api import CompletionRequest
 
     return CompletionRequest(prefix=case.prefix if prefix is None else prefix, suffix=case.suffix, path=case.path,
                              document=document, language=case.language, max_tokens=max_tokens, scope=scope,
-                             drafter=mode, temperature=0.0)
+                             drafter=mode, temperature=0.0, draft_hint=draft_hint)
 
 
 def _decode_text(tokenizer, ids: Sequence[int]) -> str:
@@ -103,9 +94,9 @@ def completion_of(engine, ids: Sequence[int]) -> Completion:
     """What the engine makes of these new token ids under scope "full": everything up to the
     first end token (the raw output), decoded the engine's way; an unfinished UTF-8 sequence at
     the very end is not text yet, as in the engine."""
-    kept, ended = cut_at_end(ids, engine.end_ids)
+    kept, ended = cut_at_end(ids, engine.models.end_ids)
     body = kept[:-1] if ended else kept
-    text = _decode_text(engine.tokenizer, body).rstrip("\ufffd")
+    text = _decode_text(engine.models.tokenizer, body).rstrip("\ufffd")
     return Completion(text, len(kept), "eos" if ended else "max_tokens")
 
 
@@ -128,9 +119,8 @@ def engine_useful_tokens(result) -> int:
 
 
 def run_engine_mode(engine, case: Case, mode: str, max_tokens: int, document: str) -> RunRecord:
-    """document: unique per run, so the suggestion memory of an earlier run (of this case, in any
-    mode or repeat) cannot draft this one."""
-    _forget_caches(engine)
+    """document: unique per run, so no run starts from another's stored cache."""
+    engine.clear_caches()
     req = _request(case, mode, document, max_tokens)
     started = time.perf_counter()
     result = engine.complete(req)
@@ -143,7 +133,6 @@ def run_engine_mode(engine, case: Case, mode: str, max_tokens: int, document: st
         prefill_ms=s.prefill_ms, first_token_ms=s.first_token_ms, decode_ms=s.decode_ms, total_ms=total_ms,
         target_forwards=s.target_forwards, drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
         drafted_by=dict(s.drafted_by), decisions=dict(s.decisions), stopped=s.stopped,
-        error=None if s.stopped != "error" else "the engine reported an error",
     )
 
 
@@ -255,12 +244,12 @@ class Bench:
             if mode in HF_MODES:
                 kw = {}
                 if mode == "hf-assisted":
-                    kw["assistant_model"] = e.draft.model
+                    kw["assistant_model"] = e.models.draft.model
                 elif mode == "hf-lookup":
                     kw["prompt_lookup_num_tokens"] = self.s.lookup_tokens
-                g = generate_timed(e.target.model, prompt, self.s.max_tokens, e.end_ids, **kw)
+                g = generate_timed(e.models.target.model, prompt, self.s.max_tokens, e.models.end_ids, **kw)
             else:
-                g = self._llama().generate(mode == "llamacpp-lookup", prompt, self.s.max_tokens, e.end_ids)
+                g = self._llama().generate(mode == "llamacpp-lookup", prompt, self.s.max_tokens, e.models.end_ids)
             done = completion_of(e, g.token_ids)
             return record_from_timing(mode, case, g, done, mode not in ("hf-plain", "llamacpp-plain")).score(case.expected)
         except Exception as exc:  # one failing mode must not lose the rest of the run
@@ -395,7 +384,7 @@ class Bench:
     def _cold_whole(self, case: Case) -> dict:
         e = self.engine
         self.progress(f"cold suggestion {case.language}")
-        _forget_caches(e)
+        e.clear_caches()
         req = _request(case, self.s.typing_drafter, f"bench://{self.tag}/cold/{case.id}", self.s.max_tokens)
         t0 = time.perf_counter()
         res = e.complete(req)
@@ -405,7 +394,7 @@ class Bench:
     def _typing_sequence(self, case: Case, drafter: str) -> dict:
         e = self.engine
         doc = f"bench://{self.tag}/typing/{drafter}/{case.id}"
-        _forget_caches(e)
+        e.clear_caches()
         req = _request(case, drafter, doc, e.config.max_tokens, scope="auto")
         t0 = time.perf_counter()
         cold = e.complete(req)
@@ -416,7 +405,9 @@ class Bench:
             if k >= len(suggestion):
                 break
             typed = suggestion[:k]
-            req = _request(case, drafter, doc, e.config.max_tokens, scope="auto", prefix=case.prefix + typed)
+            # the rest of the shown suggestion, as the LSP server passes it while the user types along
+            req = _request(case, drafter, doc, e.config.max_tokens, scope="auto", prefix=case.prefix + typed,
+                           draft_hint=suggestion[k:])
             t0 = time.perf_counter()
             res = e.complete(req)
             ms = (time.perf_counter() - t0) * 1000
@@ -437,7 +428,7 @@ class Bench:
         e = self.engine
         case = max(self.cases, key=lambda c: len(c.prefix))
         mode = self.s.typing_drafter
-        _forget_caches(e)
+        e.clear_caches()
         calib = e.complete(_request(case, mode, f"bench://{self.tag}/cancel/calibrate", self.s.max_tokens))
         prefill_s = calib.stats.prefill_ms / 1000
         per_forward_s = calib.stats.decode_ms / 1000 / max(1, calib.stats.target_forwards)
@@ -445,7 +436,7 @@ class Bench:
         tries = []
         for i in range(self.s.cancel_tries):
             self.progress("cancel")
-            _forget_caches(e)
+            e.clear_caches()
             # the first try lands inside the prefill, the rest inside the decode loop
             delay = prefill_s * 0.5 if i == 0 else prefill_s + per_forward_s * (1 + rng.random() * 6)
             req = _request(case, mode, f"bench://{self.tag}/cancel/{i}", 4 * self.s.max_tokens)

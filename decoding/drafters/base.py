@@ -1,7 +1,8 @@
-"""One small interface for every drafter: propose up to k tokens, then hear how many were accepted."""
+"""One small interface for every drafter: say what it could draft and at what cost, propose up to k
+tokens, then hear that the request ended. The policy prices offers without knowing drafter names."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -11,10 +12,19 @@ class Draft:
     source: str  # the drafter's name, for stats and the cost model
     probs: Any = None  # [len(tokens), vocab] draft distribution (model drafter); None = deterministic
     key: str = ""  # acceptance-statistics bucket within the drafter (e.g. "lookup:n4")
-    cost_s: float = 0.0  # time already spent producing it (the model drafter)
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+@dataclass
+class Offer:
+    """What a drafter could draft now, for the cost model to price."""
+
+    tokens: int  # at most this many tokens
+    key: str  # the acceptance-statistics bucket the draft would fall in
+    step_s: float = 0.0  # model time per drafted token (zero for lookups)
+    catch_up_s: float = 0.0  # model time before the first token: reading what its cache lacks
 
 
 @dataclass
@@ -27,7 +37,7 @@ class DraftContext:
     document: str
     sampling: Any = None  # decoding.sampling.Sampler (the model drafter warps its logits the same way)
     cancel: Any = None  # decoding.api.CancelToken: a drafter that runs a model checks it between chunks
-    extra: dict = field(default_factory=dict)
+    draft_hint: str = ""  # text the user is probably typing next (CompletionRequest.draft_hint)
 
 
 class Drafter:
@@ -36,9 +46,9 @@ class Drafter:
     def begin(self, ctx: DraftContext) -> None:
         """A new request starts; seq = ctx.prompt_ids."""
 
-    def available(self, seq: list[int]) -> int:
-        """How many tokens this drafter could propose right now without spending model time."""
-        return 0
+    def offer(self, seq: list[int], room: int) -> Offer | None:
+        """What this drafter could propose after seq, at most `room` tokens; None when nothing."""
+        return None
 
     def propose(self, seq: list[int], k: int) -> Draft | None:
         """Up to k tokens that should follow seq (prompt + generated so far)."""
@@ -46,3 +56,6 @@ class Drafter:
 
     def end(self, failed: bool = False) -> None:
         """The request finished, was cancelled, or failed (then caches may be inconsistent)."""
+
+    def clear(self) -> None:
+        """Forget what is kept across requests (caches); the next request starts cold."""

@@ -10,15 +10,17 @@ import time
 
 import torch
 
-from decoding.drafters.base import Draft, DraftContext, Drafter
+from decoding.drafters.base import Draft, DraftContext, Drafter, Offer
 from decoding.runner import ModelRunner
 
 
 class ModelDrafter(Drafter):
     name = "model"
 
-    def __init__(self, runner: ModelRunner, confidence: float = 0.4):
+    def __init__(self, runner: ModelRunner, step_s: float, prefill_s: float, confidence: float = 0.4):
         self.runner = runner
+        self.step_s = step_s  # one drafted token, kept current from the drafts it makes
+        self.prefill_s = prefill_s  # one prompt token read in a chunk, measured at load
         self.confidence = confidence
         self.sampler = None
         self.cancel = None
@@ -36,8 +38,15 @@ class ModelDrafter(Drafter):
 
         return max(0, len(seq) - 1 - common_prefix_len(self.runner.tokens, seq))
 
-    def available(self, seq: list[int]) -> int:
-        return 1 << 10  # a model can always draft; the cost model decides how much
+    def offer(self, seq: list[int], room: int) -> Offer | None:
+        # A model can always draft; the cost model decides how much, and whether reading what the
+        # cache lacks first (on a cold request the whole prompt) pays over the rest of the request.
+        if room <= 0:
+            return None
+        return Offer(room, "model", self.step_s, self.catch_up_tokens(seq) * self.prefill_s)
+
+    def observe_step(self, seconds: float, weight: float = 0.1) -> None:
+        self.step_s = (1 - weight) * self.step_s + weight * seconds
 
     @torch.inference_mode()
     def propose(self, seq: list[int], k: int) -> Draft | None:
@@ -62,10 +71,18 @@ class ModelDrafter(Drafter):
                 probs.append(p)
             tokens.append(tok)
             last = tok
+        self.observe_step((time.perf_counter() - t0) / len(tokens))
         stacked = torch.stack(probs) if probs else None
-        return Draft(tokens, self.name, probs=stacked, key="model", cost_s=time.perf_counter() - t0)
+        return Draft(tokens, self.name, probs=stacked, key="model")
 
     def end(self, failed: bool = False) -> None:
-        if self.active:
-            self.runner.discard() if failed else self.runner.finish()
-            self.active = False
+        if not self.active:
+            return
+        if failed:
+            self.runner.discard()
+        else:
+            self.runner.finish()
+        self.active = False
+
+    def clear(self) -> None:
+        self.runner.store.clear()

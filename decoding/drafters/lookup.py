@@ -5,7 +5,7 @@ generated so far. It costs no model time; the cost model decides whether a match
 """
 from __future__ import annotations
 
-from decoding.drafters.base import Draft, DraftContext, Drafter
+from decoding.drafters.base import Draft, DraftContext, Drafter, Offer
 
 NGRAM_SIZES = (8, 6, 4, 3, 2, 1)  # longest first: a longer match predicts better
 
@@ -45,13 +45,19 @@ class LookupDrafter(Drafter):
                     return n, start
         return 0, -1
 
-    def available(self, seq: list[int]) -> int:
+    def offer(self, seq: list[int], room: int) -> Offer | None:
         n, start = self.match(seq)
-        return len(seq) - start if n else 0
+        if not n or room <= 0:
+            return None
+        return Offer(min(len(seq) - start, room), self._key(n))
 
     def propose(self, seq: list[int], k: int) -> Draft | None:
         n, start = self.match(seq)
         if not n or k <= 0:
             return None
         tokens = seq[start:start + k]
-        return Draft(tokens, self.name, key=f"lookup:n{min(n, 4)}") if tokens else None
+        return Draft(tokens, self.name, key=self._key(n)) if tokens else None
+
+    @staticmethod
+    def _key(n: int) -> str:
+        return f"lookup:n{min(n, 4)}"  # longer matches are no more reliable than 4-grams

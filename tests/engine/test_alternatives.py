@@ -25,11 +25,11 @@ def greedy_from(engine: Engine, ids: list[int], first: int, max_tokens: int) -> 
     out = [first]
     with torch.inference_mode():
         while len(out) < max_tokens:
-            tok = int(engine.target.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
-            if tok in engine.end_ids:
+            tok = int(engine.models.target.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
+            if tok in engine.models.end_ids:
                 break
             out.append(tok)
-    return engine.tokenizer.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return engine.models.tokenizer.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def test_greedy_text_is_the_same_with_alternatives(engine):
@@ -52,10 +52,10 @@ def test_alternatives_are_distinct_greedy_continuations_of_next_best_first_token
     assert len({t.strip() for t in texts}) == 3, texts
     ids = engine.build_prompt(request)
     with torch.inference_mode():
-        ranked = engine.target.model(input_ids=torch.tensor([ids])).logits[0, -1].topk(40).indices.tolist()
+        ranked = engine.models.target.model(input_ids=torch.tensor([ids])).logits[0, -1].topk(40).indices.tolist()
     expected = []
     for token in ranked[1:]:
-        if token in engine.end_ids:
+        if token in engine.models.end_ids:
             continue
         text = greedy_from(engine, ids, token, 10)
         if text.strip() and text.strip() not in {t.strip() for t in [result.text, *expected]}:
@@ -69,7 +69,7 @@ def test_alternatives_read_the_prompt_once(engine):
     request = CompletionRequest(prefix="class Stack:\n    def push(self, item):\n        ", scope="full",
                                 max_tokens=8, alternatives=2, document="alt-cache")
     engine.complete(request)  # warm: the prompt's cache is stored
-    runner = engine.target_runner
+    runner = engine.models.target_runner
     fed: list[int] = []
     original = runner.forward
 

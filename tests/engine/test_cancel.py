@@ -18,19 +18,17 @@ def engine(tiny_model_dir):
     e.load()
     # Each forward sleeps a little so a 400-token generation is long enough to interrupt; this is the
     # engine's test-only slow-down switch, not a timing assertion.
-    e.target_runner.test_delay_s = 0.01
-    saved = set(e.end_ids)
-    e.end_ids.clear()  # never stop at end-of-text, so only the cancel can end the request early
+    e.models.target_runner.test_delay_s = 0.01
+    e.models.end_ids = frozenset()  # never stop at end-of-text, so only the cancel can end the request early
     yield e
-    e.end_ids.update(saved)
     e.close()
 
 
 def cancel_after(engine, job, forwards: int) -> threading.Thread:
-    start = engine.target_runner.forwards
+    start = engine.models.target_runner.forwards
 
     def watch():
-        while engine.target_runner.forwards - start < forwards and not job.future.done():
+        while engine.models.target_runner.forwards - start < forwards and not job.future.done():
             threading.Event().wait(0.001)
         job.cancel()
 
@@ -63,8 +61,8 @@ def test_caches_stay_consistent_after_cancel(engine):
 
 def test_latest_request_for_a_document_wins(engine):
     first = engine.submit(CompletionRequest(document="same", **LONG))
-    start = engine.target_runner.forwards
-    while engine.target_runner.forwards - start < 3:
+    start = engine.models.target_runner.forwards
+    while engine.models.target_runner.forwards - start < 3:
         threading.Event().wait(0.001)
     second = engine.submit(CompletionRequest(document="same", **dict(LONG, max_tokens=5)))
     assert first.result(timeout=60).stats.stopped == "cancelled"
@@ -95,13 +93,20 @@ def test_a_cancel_stops_the_draft_models_catch_up_between_chunks(tiny_model_dir,
     e = Engine(EngineConfig(target=str(tiny_model_dir), draft=str(tiny_draft_dir), drafter="model"))
     e.load()
     try:
-        draft_runner = e.drafters["model"].runner
+        draft_runner = e.models.drafters["model"].runner
         long_prompt = dict(prefix="x = [i * i for i in range(100)]\n" * 200, suffix="", scope="full", max_tokens=40)
         job = e.submit(CompletionRequest(document="catch-up", **long_prompt))
         before = draft_runner.forwards
-        draft_runner.on_forward = job.cancel  # cancelled during the first chunk of the catch-up
+        forward = draft_runner.forward
+
+        def forward_then_cancel(*args, **kwargs):  # cancelled during the first chunk of the catch-up
+            out = forward(*args, **kwargs)
+            job.cancel()
+            return out
+
+        draft_runner.forward = forward_then_cancel
         result = job.result(timeout=120)
-        draft_runner.on_forward = None
+        del draft_runner.forward
         assert result.stats.stopped == "cancelled"
         assert result.stats.prompt_tokens > PREFILL_CHUNK + 1  # so the catch-up had a chunk to skip
         assert draft_runner.forwards - before == 1

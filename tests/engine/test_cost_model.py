@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from decoding.api import RequestStats
+from decoding.api import CancelToken, CompletionRequest, RequestStats
 from decoding.cost_model import CostModel, ForwardTimes, expected_tokens
-from decoding.drafters.base import Draft, DraftContext, Drafter
+from decoding.drafters.base import Draft, Drafter, Offer
 from decoding.policy import DraftPolicy
+from decoding.sampling import Sampler
 
 # Seconds per target forward by number of tokens fed.
 CPU = {1: 0.30, 2: 0.34, 4: 0.47, 8: 0.67, 12: 0.82, 16: 0.89, 17: 0.90}  # a 1.5B on 2 cores
@@ -37,21 +38,24 @@ def test_long_drafts_on_a_gpu_short_ones_or_none_on_a_cpu():
 def test_a_plan_that_does_not_beat_plain_decoding_drafts_nothing():
     model = cost(CPU)
     model.acceptance.lifetime["weak"] = [1.0, 50.0]
-    assert model.plan("lookup", "weak", 16).k == 0
-    assert model.plan("lookup", "suggestion", 16).k > 0  # prior: suggestions are usually right
+    assert not model.price("lookup", Offer(16, "weak"), 17).pays
+    plan = model.price("lookup", Offer(16, "suggestion"), 17)  # prior: suggestions are usually right
+    assert plan.pays and plan.k > 0
 
 
 def test_a_slow_draft_model_does_not_pay_and_a_fast_one_does():
-    assert not cost(CPU, draft_step_s=0.25).model_pays()
-    assert cost(CPU, draft_step_s=0.09).model_pays()
-    assert cost(GPU, draft_step_s=0.004).model_pays()
+    assert not cost(CPU).drafter_pays(0.25)
+    assert cost(CPU).drafter_pays(0.09)
+    assert cost(GPU).drafter_pays(0.004)
 
 
-def test_measured_draft_steps_move_the_estimate():
-    model = cost(CPU, draft_step_s=0.09)
+def test_measured_draft_steps_move_the_model_drafters_estimate(tiny_model_dir):
+    from decoding.drafters.draft_model import ModelDrafter
+
+    drafter = ModelDrafter(runner=None, step_s=0.09, prefill_s=0.003)
     for _ in range(50):
-        model.observe_draft_step(0.2)
-    assert model.draft_step_s == pytest.approx(0.2, rel=0.02)
+        drafter.observe_step(0.2)
+    assert drafter.step_s == pytest.approx(0.2, rel=0.02)
 
 
 def test_amortized_rate():
@@ -60,53 +64,51 @@ def test_amortized_rate():
 
 
 class FakeModelDrafter(Drafter):
-    """Stands in for the draft model: what matters to the policy is its catch-up and its answer."""
+    """Stands in for the draft model: what matters to the policy is its offer (a step cost and a
+    catch-up of `catch_up` prompt tokens) and its answer."""
 
     name = "model"
 
-    def __init__(self, catch_up: int):
-        self.catch_up = catch_up
+    def __init__(self, catch_up: int, draft_step_s: float, draft_prefill_s: float):
+        self.catch_up, self.step_s, self.prefill_s = catch_up, draft_step_s, draft_prefill_s
 
-    def catch_up_tokens(self, seq):
-        return self.catch_up
-
-    def available(self, seq):
-        return 1 << 10
+    def offer(self, seq, room):
+        return Offer(room, "model", self.step_s, self.catch_up * self.prefill_s)
 
     def propose(self, seq, k):
         return Draft([7] * k, self.name, key="model")
 
 
-def policy(table, drafter, mode="auto", **kw) -> DraftPolicy:
-    p = DraftPolicy(mode, {"model": drafter}, cost(table, **kw), RequestStats())
-    p.begin(DraftContext(prompt_ids=[1, 2, 3], prefix="", suffix="", document="d"))
+def policy(table, catch_up, mode="auto", **drafter_costs) -> DraftPolicy:
+    p = DraftPolicy(mode, {"model": FakeModelDrafter(catch_up, **drafter_costs)}, cost(table), RequestStats())
+    p.begin([1, 2, 3], CompletionRequest(prefix="", document="d"), Sampler(0.0), CancelToken())
     return p
 
 
 # 1,000 prompt tokens for the draft model to read first; a 0.5B on a CPU reads one in ~3 ms.
 def test_auto_leaves_the_draft_model_out_when_catching_up_costs_more_than_it_saves():
-    p = policy(CPU, FakeModelDrafter(catch_up=1000), draft_step_s=0.09, draft_prefill_s=0.003)
+    p = policy(CPU, 1000, draft_step_s=0.09, draft_prefill_s=0.003)
     assert p.propose([1, 2, 3], room=48) is None
     assert p.stats.decisions == {"none": 1}
 
 
 def test_auto_uses_the_draft_model_once_its_cache_holds_the_prompt():
-    p = policy(CPU, FakeModelDrafter(catch_up=2), draft_step_s=0.09, draft_prefill_s=0.003)
+    p = policy(CPU, 2, draft_step_s=0.09, draft_prefill_s=0.003)
     draft = p.propose([1, 2, 3], room=48)
     assert draft is not None and draft.source == "model" and len(draft) >= 1
 
 
 def test_a_long_completion_can_pay_for_the_catch_up():
-    p = policy(CPU, FakeModelDrafter(catch_up=1000), draft_step_s=0.09, draft_prefill_s=0.003)
+    p = policy(CPU, 1000, draft_step_s=0.09, draft_prefill_s=0.003)
     assert p.propose([1, 2, 3], room=2000) is not None
 
 
 def test_on_a_gpu_the_catch_up_is_cheap_and_the_model_drafts():
-    p = policy(GPU, FakeModelDrafter(catch_up=1000), draft_step_s=0.004, draft_prefill_s=0.00002)
+    p = policy(GPU, 1000, draft_step_s=0.004, draft_prefill_s=0.00002)
     draft = p.propose([1, 2, 3], room=48)
     assert draft is not None and len(draft) >= 2
 
 
 def test_a_named_drafter_drafts_whatever_it_costs():
-    p = policy(CPU, FakeModelDrafter(catch_up=1000), mode="model", draft_step_s=0.09, draft_prefill_s=0.003)
+    p = policy(CPU, 1000, mode="model", draft_step_s=0.09, draft_prefill_s=0.003)
     assert p.propose([1, 2, 3], room=48) is not None

@@ -29,7 +29,7 @@ def test_draft_failure_serves_with_the_target_alone(tiny_model_dir, tiny_draft_d
     faults.reset()
     e = Engine(EngineConfig(target=str(tiny_model_dir), draft=str(tiny_draft_dir), drafter="model"))
     e.load()
-    assert e.state == "ready" and e.draft is None and "failed to load" in e.info()["draft_note"]
+    assert e.state == "ready" and e.models.draft is None and "failed to load" in e.info()["draft_note"]
     assert e.complete(CompletionRequest(prefix="def f(x):\n    return", max_tokens=4, scope="full")).stats.generated_tokens == 4
     e.close()
 

@@ -23,16 +23,16 @@ def random_prompts(n: int, seed: int):
 
 def reference_greedy(engine: Engine, request: CompletionRequest, max_tokens: int) -> str:
     """Plain greedy decoding with no cache and no engine code: one full forward per token."""
-    model, ids = engine.target.model, engine.build_prompt(request)
+    model, ids = engine.models.target.model, engine.build_prompt(request)
     out: list[int] = []
     with torch.inference_mode():
         for _ in range(max_tokens):
             logits = model(input_ids=torch.tensor([ids + out])).logits[0, -1]
             tok = int(logits.argmax())
-            if tok in engine.end_ids:
+            if tok in engine.models.end_ids:
                 break
             out.append(tok)
-    return engine.tokenizer.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return engine.models.tokenizer.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +47,18 @@ def engine(tiny_model_dir, tiny_draft_dir):
 
 
 def test_every_drafter_matches_plain_greedy(engine):
-    totals = {m: [0, 0] for m in ("model", "lookup", "auto")}
+    totals = {m: [0, 0] for m in ("model", "lookup", "suggestion", "auto")}
     partial_steps = 0
     for i, (prefix, suffix) in enumerate(random_prompts(25, seed=7)):
         base = CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=48)
         expected = reference_greedy(engine, base, 48)
+        # A hint as the server passes it (the rest of a shown suggestion) that is right for a while and
+        # then wrong: the suggestion drafter's drafts are partly accepted.
+        half = len(expected) // 2
+        hint = expected[:half] + " # not what the model says" + expected[half:]
         for mode in ("none", "lookup", "model", "suggestion", "auto"):
             req = CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=48, drafter=mode,
-                                    document=f"doc-{i}-{mode}")
+                                    document=f"doc-{i}-{mode}", draft_hint=hint)
             result = engine.complete(req)
             assert result.text == expected, f"prompt {i}, drafter {mode}"
             s = result.stats
@@ -67,6 +71,8 @@ def test_every_drafter_matches_plain_greedy(engine):
     drafted, accepted = totals["model"]
     assert drafted > 0 and 0 < accepted < drafted
     assert partial_steps >= 5
+    drafted, accepted = totals["suggestion"]
+    assert drafted > 0 and 0 < accepted < drafted
 
 
 def test_draft_model_acceptance_is_recorded_per_drafter(engine):

@@ -56,11 +56,12 @@ def test_typing_along_a_suggestion_is_verified_in_few_forwards(engine):
     first = engine.complete(CompletionRequest(prefix=prefix, suffix=suffix, document=doc, drafter="auto", scope="line"))
     assert len(first.text) > 6
     typed = first.text[:4]
+    # the rest of the shown suggestion, as the server passes it while the user types along
     warm = engine.complete(CompletionRequest(prefix=prefix + typed, suffix=suffix, document=doc, drafter="auto",
-                                             scope="line"))
+                                             scope="line", draft_hint=first.text[4:]))
     assert warm.stats.accepted_by.get("suggestion", 0) > 0
     # Only the edit and the (budget-capped) suffix section are prefilled again.
-    assert warm.stats.prompt_tokens - warm.stats.reused_prompt_tokens <= engine.prompts.suffix_budget + 16
+    assert warm.stats.prompt_tokens - warm.stats.reused_prompt_tokens <= engine.models.prompts.suffix_budget + 16
     plain = engine.complete(CompletionRequest(prefix=prefix + typed, suffix=suffix, document="cold", drafter="none",
                                               scope="line"))
     assert warm.text == plain.text

@@ -66,8 +66,8 @@ def incremental_greedy(engine: Engine, request: CompletionRequest, max_tokens: i
 
     from decoding.runner import PREFILL_CHUNK
 
-    model, ids = engine.target.model, engine.build_prompt(request)
-    cache_kw = ModelRunner(engine.target, 0)._cache_kw  # transformers renamed past_key_values to cache
+    model, ids = engine.models.target.model, engine.build_prompt(request)
+    cache_kw = ModelRunner(engine.models.target, 0)._cache_kw  # transformers renamed past_key_values to cache
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         for i in range(0, len(ids) - 1, PREFILL_CHUNK):
@@ -77,10 +77,10 @@ def incremental_greedy(engine: Engine, request: CompletionRequest, max_tokens: i
         for _ in range(max_tokens):
             logits = model(input_ids=torch.tensor([[last]]), use_cache=True, **{cache_kw: cache}).logits[0, -1]
             last = int(logits.float().argmax())
-            if last in engine.end_ids:
+            if last in engine.models.end_ids:
                 break
             out.append(last)
-    return engine.tokenizer.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return engine.models.tokenizer.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -148,7 +148,7 @@ def wait_until_idle(server, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         info = server.call(INTROSPECT, {})["result"]
-        if not (info["inFlight"] or info["engineJobs"] or info["engineQueue"] or info["pendingRequestFutures"]
+        if not (info["engineJobs"] or info["engineQueue"] or info["pendingRequestFutures"]
                 or info["serverTasks"] or info["backgroundTasks"]) or time.monotonic() > deadline:
             return info
         time.sleep(0.1)
@@ -321,7 +321,7 @@ def check_resources(r: StormResult) -> None:
     assert r.threads_end <= r.threads_start + THREAD_SLACK, (r.threads_start, r.threads_end, start["threads"], end["threads"])
     assert len(end["threads"]) <= len(start["threads"]) + THREAD_SLACK, (start["threads"], end["threads"])
     assert end["asyncioTasks"] <= start["asyncioTasks"]
-    for key in ("inFlight", "engineJobs", "engineQueue", "pendingRequestFutures", "serverTasks", "backgroundTasks"):
+    for key in ("engineJobs", "engineQueue", "pendingRequestFutures", "serverTasks", "backgroundTasks"):
         assert end[key] == 0, f"{key} = {end[key]} after the storm"
 
 

@@ -1,0 +1,124 @@
+"""Submitted requests: a Job to cancel or await, the one registry of each document's latest job (a
+newer request for a document, or an edit past the version a job was made for, stops the old one inside
+the verify loop), and the one thread that runs the models."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import queue
+import threading
+from typing import Callable
+
+from decoding.api import CancelToken, CompletionRequest, CompletionResult
+from decoding.errors import DraftwiseError
+
+
+class Job:
+    """One submitted request: cancel it from any thread, await it from asyncio."""
+
+    def __init__(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0):
+        self.request = request
+        self.version = version  # the document version the request was made for
+        self.cancel_token = cancel or CancelToken()
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def cancel(self) -> None:
+        self.cancel_token.cancel()
+
+    def result(self, timeout: float | None = None) -> CompletionResult:
+        return self.future.result(timeout)
+
+    def __await__(self):
+        # Shielded: cancelling the awaiting task must not cancel the engine's future (call cancel()
+        # to stop the generation; the job then resolves with stopped="cancelled").
+        return asyncio.shield(asyncio.wrap_future(self.future)).__await__()
+
+
+class JobRegistry:
+    """The latest job per document; thread-safe (the worker settles jobs, the server adds them)."""
+
+    def __init__(self) -> None:
+        self._latest: dict[str, Job] = {}
+        self._lock = threading.Lock()
+
+    def add(self, job: Job) -> None:
+        """Register job as its document's latest; the previous one is cancelled (latest wins)."""
+        with self._lock:
+            previous = self._latest.get(job.request.document)
+            self._latest[job.request.document] = job
+        if previous is not None:
+            previous.cancel()
+
+    def done(self, job: Job) -> None:
+        with self._lock:
+            if self._latest.get(job.request.document) is job:
+                del self._latest[job.request.document]
+
+    def document_changed(self, document: str, version: int) -> None:
+        """The document moved past the version its running job was made for: stop that job now."""
+        with self._lock:
+            job = self._latest.get(document)
+            if job is None or job.version >= version:
+                return
+            del self._latest[document]
+        job.cancel()
+
+    def document_closed(self, document: str) -> None:
+        with self._lock:
+            job = self._latest.pop(document, None)
+        if job is not None:
+            job.cancel()
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            jobs, self._latest = list(self._latest.values()), {}
+        for job in jobs:
+            job.cancel()
+
+    def __len__(self) -> int:
+        return len(self._latest)
+
+
+class ModelWorker:
+    """Runs tasks in order on one thread, each resolving a future."""
+
+    def __init__(self, name: str = "draftwise-engine") -> None:
+        self._name = name
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def call(self, fn: Callable[[], object]) -> concurrent.futures.Future:
+        if self._closed:
+            raise DraftwiseError("the engine is closed")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+            self._thread.start()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((fn, future))
+        return future
+
+    def _work(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            while True:
+                task = self._queue.get()
+                if task is None:
+                    return
+                fn, future = task
+                if not future.set_running_or_notify_cancel():
+                    continue
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+                    future.set_exception(exc)
+
+    def close(self, timeout: float = 30) -> None:
+        """Let the queued tasks finish, then stop the thread (waiting at most `timeout`)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=timeout)

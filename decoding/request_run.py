@@ -1,0 +1,63 @@
+"""Running a request's plan on the loaded models: prefill what the stored cache lacks, then the verify
+loop; the result, and where and why it stopped."""
+from __future__ import annotations
+
+import time
+
+from decoding import faults
+from decoding.api import CancelToken, CompletionResult
+from decoding.errors import DraftwiseError
+from decoding.loading import LoadedModels
+from decoding.request_plan import RequestPlan
+from decoding.runner import Cancelled
+from decoding.speculative import Stop, speculative_decode
+
+
+def run_plan(models: LoadedModels, plan: RequestPlan, cancel: CancelToken) -> tuple[CompletionResult, Stop]:
+    """Prefill what the stored cache lacks, then the verify loop. The target's cache goes back to the
+    store unless a failure may have left it inconsistent; then every cache is dropped."""
+    stats, runner = plan.stats, models.target_runner
+    started = time.perf_counter()
+    stats.prompt_tokens = len(plan.prompt)
+    stats.reused_prompt_tokens = runner.start(plan.prompt, plan.request.document, cancel)
+    try:
+        generated, stop = _generate(models, plan, cancel, started)
+    except (MemoryError, RuntimeError) as exc:  # torch's OutOfMemoryError is a RuntimeError
+        runner.discard()
+        models.clear_caches()
+        oom = isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+        what = "out of memory" if oom else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise DraftwiseError(f"generation failed: {what}; caches were dropped") from exc
+    runner.finish()
+    stats.forwards_after_cancel = runner.forwards_after_cancel
+    stats.decode_ms = (time.perf_counter() - started) * 1000 - stats.prefill_ms
+    stats.stopped = stop.reason
+    stats.generated_tokens = min(len(generated), stop.keep_tokens)
+    return CompletionResult(stop.text(generated, models.decode), stats), stop
+
+
+def _generate(models: LoadedModels, plan: RequestPlan, cancel: CancelToken,
+              started: float) -> tuple[list[int], Stop]:
+    request, seq = plan.request, list(plan.prompt)
+    try:
+        models.target_runner.sync(seq, cancel)
+    except Cancelled:  # raised between prefill chunks: the cache is consistent
+        return [], Stop("cancelled", 0)
+    plan.stats.prefill_ms = (time.perf_counter() - started) * 1000
+    # The draft model reads the prompt when it first drafts, if the policy lets it: on a CPU that
+    # reading can cost more than its drafts save (see CostModel.price).
+    plan.policy.begin(plan.prompt, request, plan.sampler, cancel)
+    try:
+        if faults.trip("generate_oom"):
+            raise MemoryError("injected fault: out of memory while generating")
+        result = speculative_decode(models.target_runner, seq, plan.policy, plan.sampler, plan.rule, cancel,
+                                    plan.stats)
+    except Cancelled:  # the draft model's catch-up stops between chunks too; its cache stays consistent
+        plan.policy.end()
+        generated = seq[len(plan.prompt):]
+        return generated, Stop("cancelled", len(generated))
+    except BaseException:
+        plan.policy.end(failed=True)
+        raise
+    plan.policy.end()
+    return result
