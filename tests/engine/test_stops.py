@@ -1,0 +1,147 @@
+"""Where a completion stops when speculation accepted tokens past the stop, and the time limit."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from decoding import CompletionRequest, EngineConfig
+from decoding.drafters.base import Draft, Drafter, Offer
+from decoding.engine import Engine
+from decoding.speculative import Stop, StopRule
+
+EOS = 0
+
+
+def rule(text_rule=lambda text: None, final_rule=lambda text: None, max_tokens=10, deadline=None) -> StopRule:
+    # Token i decodes to the letter chr(ord('a') + i); EOS decodes to nothing.
+    decode = lambda ids: "".join(chr(ord("a") + i) for i in ids if i != EOS)  # noqa: E731
+    return StopRule(frozenset({EOS}), max_tokens, decode, text_rule, final_rule, deadline)
+
+
+def test_an_end_of_text_inside_an_accepted_run_keeps_only_what_comes_before_it():
+    # One verify step accepted 5 tokens with the end-of-text as the third: plain decoding would have
+    # stopped there, so the two after it are dropped.
+    stop = rule().check([1, 2, EOS, 3, 4])
+    assert stop == Stop("eos", 2, None)
+    assert stop.text([1, 2, EOS, 3, 4], rule().decode) == "bc"
+
+
+def test_a_stop_rule_inside_an_accepted_run_cuts_the_text_where_it_fires():
+    # The text rule fires once it sees "d" and keeps the text before it; tokens after are dropped.
+    r = rule(text_rule=lambda text: text.index("d") if "d" in text else None)
+    generated = [1, 2, 3, 4, 5, EOS]
+    stop = r.check(generated)
+    assert stop.reason == "stop_rule" and stop.text(generated, r.decode) == "bc"
+
+
+def test_the_stop_rule_sees_the_text_before_an_end_of_text_only():
+    seen = []
+    r = rule(text_rule=lambda text: seen.append(text))
+    assert r.check([1, EOS, 2]).reason == "eos"
+    assert seen == ["b"]  # never "bc": the token after the end-of-text is not the model's output
+
+
+def test_max_tokens_inside_an_accepted_run():
+    stop = rule(max_tokens=3).check([1, 2, 3, 4, 5])
+    assert stop == Stop("max_tokens", 3, None)
+
+
+def test_the_time_limit_stops_and_keeps_what_was_generated():
+    assert rule(deadline=time.monotonic() + 60).check([1, 2]) is None
+    stop = rule(deadline=time.monotonic() - 1, final_rule=lambda text: len(text) - 1).check([1, 2])
+    assert stop == Stop("time_limit", 2, 1)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    e = Engine(EngineConfig(target=str(tiny_model_dir), weights="fp32", max_tokens=48))
+    e.load()
+    yield e
+    e.close()
+
+
+class OracleDrafter(Drafter):
+    """Drafts the target's own greedy tokens (computed beforehand), so every draft is accepted."""
+
+    name = "suggestion"
+
+    def __init__(self, tokens: list[int]):
+        self.tokens, self.prompt_len = tokens, 0
+
+    def begin(self, ctx):
+        self.prompt_len = len(ctx.prompt_ids)
+
+    def _rest(self, seq):
+        done = seq[self.prompt_len:]
+        return self.tokens[len(done):] if self.tokens[:len(done)] == done else []
+
+    def offer(self, seq, room):
+        n = min(len(self._rest(seq)), room)
+        return Offer(n, "suggestion") if n else None
+
+    def propose(self, seq, k):
+        return Draft(self._rest(seq)[:k], self.name, key="suggestion")
+
+
+def greedy_ids(engine, request, n: int) -> list[int]:
+    ids, out = engine.build_prompt(request), []
+    with torch.inference_mode():
+        for _ in range(n):
+            out.append(int(engine.models.target.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax()))
+    return out
+
+
+def test_an_accepted_draft_past_a_line_end_gives_the_plain_line(engine, monkeypatch):
+    """A draft of the model's own next 40 tokens is accepted in one step, past the end of the line:
+    the line scope's stop rule still ends the text where plain decoding ends it."""
+    prefix = "def add(a, b):\n    "
+    request = CompletionRequest(prefix=prefix, scope="line", drafter="none", document="plain")
+    plain = engine.complete(request)
+    assert plain.stats.stopped == "stop_rule", "the tiny model's continuation must end its line for this test"
+    oracle = greedy_ids(engine, request, 40)
+    monkeypatch.setitem(engine.models.drafters, "suggestion", OracleDrafter(oracle))
+    # a record of drafts that were always right: the cost model drafts as long as it may (16)
+    monkeypatch.setitem(engine.models.cost.acceptance.lifetime, "suggestion", [1000.0, 0.0])
+    drafted = engine.complete(CompletionRequest(prefix=prefix, scope="line", drafter="suggestion", document="drafted"))
+    assert drafted.text == plain.text
+    s = drafted.stats
+    assert s.stopped == "stop_rule" and s.target_forwards < plain.stats.target_forwards
+    accepted_text = engine.models.decode(oracle[:s.accepted_tokens])
+    assert accepted_text.startswith(drafted.text) and len(accepted_text) > len(drafted.text)  # cut back
+
+
+def test_a_time_limit_returns_the_part_generated_so_far(engine):
+    prefix = "class Stack:\n    def push(self, item):\n        "
+    whole = engine.complete(CompletionRequest(prefix=prefix, scope="full", max_tokens=48, drafter="none",
+                                              document="whole"))
+    engine.models.target_runner.test_delay_s = 0.05  # each forward takes >= 50 ms
+    try:
+        capped = engine.complete(CompletionRequest(prefix=prefix, scope="full", max_tokens=48, drafter="none",
+                                                   document="capped", time_limit_s=0.2))
+    finally:
+        engine.models.target_runner.test_delay_s = 0.0
+    assert capped.stats.stopped == "time_limit"
+    assert 0 < capped.stats.generated_tokens < whole.stats.generated_tokens
+    assert whole.text.startswith(capped.text)
+
+
+def test_the_model_drafter_named_at_runtime_loads_the_draft_model_that_auto_left_out(tiny_model_dir, monkeypatch):
+    """`auto` leaves out a draft model that cannot pay on this device; a request that names the model
+    drafter later must get it, not plain decoding. (Tiny models' forward times are all overhead, so
+    the verdict is forced here; the pricing itself is tested in test_cost_model.)"""
+    from decoding.cost_model import CostModel
+
+    monkeypatch.setattr(CostModel, "drafter_pays", lambda self, step_s, alpha=0.9: False)
+    e = Engine(EngineConfig(target=str(tiny_model_dir), draft=str(tiny_model_dir), drafter="auto", weights="fp32",
+                            draft_weights="fp32", max_tokens=16))
+    e.load()
+    try:
+        assert e.models.draft is None and e.info()["draft_note"].startswith("unloaded")
+        result = e.complete(CompletionRequest(prefix="def f(x):\n    return", scope="full", drafter="model",
+                                              document="named"))
+        assert result.stats.drafted_by.get("model", 0) > 0
+        assert e.models.draft is not None and e.info()["draft_loaded"]
+    finally:
+        e.close()
