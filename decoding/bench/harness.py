@@ -90,13 +90,13 @@ class Completion:
     stopped: str
 
 
-def completion_of(engine, ids: Sequence[int]) -> Completion:
+def completion_of(models, ids: Sequence[int]) -> Completion:
     """What the engine makes of these new token ids under scope "full": everything up to the
     first end token (the raw output), decoded the engine's way; an unfinished UTF-8 sequence at
     the very end is not text yet, as in the engine."""
-    kept, ended = cut_at_end(ids, engine.models.end_ids)
+    kept, ended = cut_at_end(ids, models.end_ids)
     body = kept[:-1] if ended else kept
-    text = _decode_text(engine.models.tokenizer, body).rstrip("\ufffd")
+    text = _decode_text(models.tokenizer, body).rstrip("\ufffd")
     return Completion(text, len(kept), "eos" if ended else "max_tokens")
 
 
@@ -191,13 +191,13 @@ class Bench:
 
         wanted = [m for m in ALL_MODES if m in self.s.modes]
         runnable = []
-        has_draft = getattr(self.engine, "draft", None) is not None
+        has_draft = self.engine.models.draft is not None
         for m in wanted:
             if m in ENGINE_MODES and (m != "model" or has_draft):
                 runnable += [m if fmt is None else f"{m}@{fmt}" for fmt in self.engines]
                 continue
             if m in ("hf-assisted", "model") and not has_draft:
-                note = getattr(self.engine, "draft_note", "") or "no --draft model given"
+                note = self.engine.models.draft_note or "no --draft model given"
                 self.result.skipped[m] = f"needs a draft model ({note})"
                 continue
             if m in LLAMACPP_MODES:
@@ -250,7 +250,7 @@ class Bench:
                 g = generate_timed(e.models.target.model, prompt, self.s.max_tokens, e.models.end_ids, **kw)
             else:
                 g = self._llama().generate(mode == "llamacpp-lookup", prompt, self.s.max_tokens, e.models.end_ids)
-            done = completion_of(e, g.token_ids)
+            done = completion_of(e.models, g.token_ids)
             return record_from_timing(mode, case, g, done, mode not in ("hf-plain", "llamacpp-plain")).score(case.expected)
         except Exception as exc:  # one failing mode must not lose the rest of the run
             if isinstance(exc, KeyboardInterrupt):

@@ -135,6 +135,19 @@ class TimingCache:
 Loader = Callable[[str], object]  # format -> LoadedModel
 
 
+def _runnable(candidates: list[str], device, not_eligible: dict[str, str]) -> list[str]:
+    """The formats whose kernels run on this device; the others go to not_eligible with why."""
+    out = []
+    for fmt in candidates:
+        problem = kernel_problem(fmt, device)
+        if problem:
+            log.warning("weights %s skipped: %s", fmt, problem)
+            not_eligible[fmt] = problem
+        else:
+            out.append(fmt)
+    return out
+
+
 def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | None = None,
                     gate: Callable[[str], tuple[list[str], str]] = quality_gate.eligible_formats):
     """Load the model in the format `auto` picks. Returns (LoadedModel, WeightsChoice)."""
@@ -149,12 +162,7 @@ def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | 
     else:
         candidates, why = gate(key)
         not_eligible.update({f: why for f in FORMATS if f not in candidates})
-    for fmt in list(candidates):
-        problem = kernel_problem(fmt, device)
-        if problem:
-            log.warning("weights %s skipped: %s", fmt, problem)
-            not_eligible[fmt] = problem
-            candidates.remove(fmt)
+    candidates = _runnable(candidates, device, not_eligible)
     if not candidates:
         raise DraftwiseError(f"no weight format can run for {key} on {device}: {not_eligible}")
     cache = cache or TimingCache()

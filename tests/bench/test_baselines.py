@@ -83,7 +83,7 @@ def test_cut_at_end_keeps_the_end_token():
 
 
 class _EngineParts:
-    """What completion_of reads from an engine: its tokenizer and end tokens (real ones here)."""
+    """What completion_of reads from the loaded models: the tokenizer and end tokens (real ones here)."""
 
     def __init__(self, loaded):
         self.tokenizer = loaded.tokenizer
