@@ -51,16 +51,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from decoding.brackets import CLOSERS, OPENERS, only_closers, scan_brackets
 from decoding.languages import LanguageFacts, facts_for, normalize_language
 
 SCOPES = ("line", "block", "full")
 TAB_WIDTH = 4
 
-# What editors auto-close (and what usually follows it) may sit right of the cursor without making
-# the cursor "mid-line": `foo(|)`, `["|"],`.
-_TRIVIAL_REST = re.compile(r"^[\s)\]}\"'`;,:]*$")
 _LEADING_BLANKS = re.compile(r"[ \t]*")
-_PAIRS = {")": "(", "]": "[", "}": "{"}
 # How much of the prefix is read to find the cursor's block and open strings/comments.
 _PREFIX_TAIL_CHARS = 64_000
 # The suffix is only read for its first few lines.
@@ -159,7 +156,7 @@ def resolve_scope(prefix: str, suffix: str, language: str, requested: str = "aut
 
 
 def _auto_scope(context: _CursorContext, suffix: str) -> str:
-    if context.line_prefix.strip() and not _TRIVIAL_REST.match(context.rest):
+    if context.line_prefix.strip() and not only_closers(context.rest):
         return "line"
     if context.after_opener:
         return "block"
@@ -233,7 +230,7 @@ class StopRules:
         # above it, and the model shows that it is done by writing that line again.
         line_above_rest = bool(rest) and not context.line_prefix.strip()
         suffix_line, suffix_line_indent = None, None
-        if not _TRIVIAL_REST.match(rest):
+        if not only_closers(rest):
             if len(re.sub(r"\s", "", rest)) >= 3 and not line_above_rest:
                 suffix_line = rest
         else:  # only closers right of the cursor: the repeat to watch for is the next line
@@ -414,12 +411,9 @@ class StopRules:
         """Whether the generated first line leaves a bracket open that the rest of the cursor's
         line closes (`foo(` + `bar(1)` with `)` after the cursor): then that `)` is not a repeat."""
         closer = self.rest_of_line[0]
-        if closer not in _PAIRS:
+        if closer not in CLOSERS:
             return False
-        stack: list[str] = []
-        for char in self.cursor_line_prefix + generated:
-            if char in "([{":
-                stack.append(char)
-            elif char in _PAIRS and stack and stack[-1] == _PAIRS[char]:
-                stack.pop()
-        return bool(stack) and stack[-1] == _PAIRS[closer]
+        # Brackets only: these rules serve every language, and `'` opens no string in some of them
+        # (a Rust lifetime).
+        still_open = scan_brackets(self.cursor_line_prefix + generated, quotes=frozenset())[1]
+        return bool(still_open) and OPENERS[still_open[-1]] == closer
