@@ -167,8 +167,6 @@ def cmd_serve(args) -> int:
         host = host or "127.0.0.1"
         if not port.isdigit():
             raise DraftwiseError(f"--tcp wants HOST:PORT, got '{args.tcp}'")
-        if host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
-            raise DraftwiseError(f"refusing to listen on {host}: only loopback unless --allow-remote is given")
         tcp = (host, int(port))
     code = run(engine_config(args), tcp=tcp, allow_remote=args.allow_remote)
     # The engine's worker thread can still be inside a torch kernel (a client that disconnected

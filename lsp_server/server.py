@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import ipaddress
 import logging
 import os
 import sys
@@ -18,7 +17,6 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from decoding.api import EngineConfig
-from decoding.errors import DraftwiseError
 from lsp_server.completions import (
     ACCEPTED_COMMAND, PARTIALLY_ACCEPTED_COMMAND, Completions, completion_result, inline_result,
 )
@@ -259,21 +257,10 @@ def _protocol_stdout():
     return protocol_out
 
 
-def _check_host(host: str, allow_remote: bool) -> None:
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not allow_remote:
-        raise DraftwiseError(f"refusing to listen on {host}: the server has no authentication, so anyone who "
-                         f"can reach that address could read your open files. Use 127.0.0.1, or allow "
-                         f"remote connections explicitly.")
-
-
 def run(config: EngineConfig, *, tcp: tuple[str, int] | None = None, allow_remote: bool = False) -> int:
     """Serve LSP over stdio (tcp=None) or TCP until the client says exit; the exit code LSP asks for
     (0 after shutdown, 1 without)."""
-    from lsp_server.transport import serve_stdio, serve_tcp
+    from lsp_server.transport import check_listen_host, serve_stdio, serve_tcp
 
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         # pygls logs every message body (whole documents) at INFO.
@@ -281,6 +268,6 @@ def run(config: EngineConfig, *, tcp: tuple[str, int] | None = None, allow_remot
     server = create_server(config)
     if tcp is not None:
         host, port = tcp
-        _check_host(host, allow_remote)
+        check_listen_host(host, allow_remote)
         return serve_tcp(server, host, port)
     return serve_stdio(server, sys.stdin.buffer, _protocol_stdout())
