@@ -32,7 +32,7 @@ from decoding.api import CompletionRequest
 from decoding.errors import EngineNotReady
 from lsp_server.config import Settings
 from lsp_server.documents import LINE_BREAK, DocumentStore, OpenDocument, display_path, select_context
-from lsp_server.engine_host import EngineHost, job_result
+from lsp_server.engine_host import EngineHost
 from lsp_server.postprocess import Edit, IndentStyle, detect_indent, shape
 from lsp_server.typeahead import TypeAheadMemory
 
@@ -172,7 +172,7 @@ class Completions:
         if job is None:
             return None
         try:
-            result = await job_result(job)
+            result = await job
         except asyncio.CancelledError:
             job.cancel()  # the client cancelled: stop the engine now, not after max_tokens
             raise
@@ -226,7 +226,7 @@ class Completions:
                                   line_before: str, line_after: str, indent: IndentStyle) -> None:
         """After an instant answer: the engine's own answer becomes the remembered suggestion."""
         try:
-            result = await job_result(job)
+            result = await job
         except Exception:
             log.exception("background completion failed for %s", doc.uri)
             return
