@@ -163,7 +163,14 @@ def last_timing(last: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def create_server(config: EngineConfig) -> DraftwiseServer:
     server = DraftwiseServer(config)
+    _add_life_cycle(server)
+    _add_document_sync(server)
+    _add_completions(server)
+    _add_custom_requests(server)
+    return server
 
+
+def _add_life_cycle(server: DraftwiseServer) -> None:
     @server.feature(types.INITIALIZE)
     def initialize(ls: DraftwiseServer, params: types.InitializeParams) -> None:
         encoding = ls.workspace.position_encoding or types.PositionEncodingKind.Utf16
@@ -187,6 +194,12 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
         else:
             ls.apply_configuration(params.settings, "workspace/didChangeConfiguration")
 
+    @server.feature(types.SHUTDOWN)
+    async def shutdown(ls: DraftwiseServer, params: None) -> None:
+        await ls.engine_host.close(wait_s=2.0)
+
+
+def _add_document_sync(server: DraftwiseServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DraftwiseServer, params: types.DidOpenTextDocumentParams) -> None:
         doc = params.text_document
@@ -204,6 +217,8 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
         ls.engine_host.document_closed(params.text_document.uri)
         ls.completions.document_closed(params.text_document.uri)
 
+
+def _add_completions(server: DraftwiseServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: DraftwiseServer, params: types.InlineCompletionParams):
         suggestion = await ls.completions.suggest(
@@ -231,6 +246,8 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
     def partially_accepted(ls: DraftwiseServer, *arguments: Any) -> None:
         ls.completions.partially_accepted(arguments)
 
+
+def _add_custom_requests(server: DraftwiseServer) -> None:
     @server.feature(STATS_REQUEST)
     def stats(ls: DraftwiseServer, params: Any) -> dict[str, Any]:
         return ls.stats()
@@ -239,12 +256,6 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
     def document_text(ls: DraftwiseServer, params: Any) -> dict[str, Any]:
         # The server's copy of a document, for client authors checking their sync and encodings.
         return ls.document_info(plain_json(params))
-
-    @server.feature(types.SHUTDOWN)
-    async def shutdown(ls: DraftwiseServer, params: None) -> None:
-        await ls.engine_host.close(wait_s=2.0)
-
-    return server
 
 
 def _protocol_stdout():
