@@ -23,7 +23,12 @@ class Sampler:
                 self.warpers.append(TopKLogitsWarper(top_k))
             if top_p < 1.0:
                 self.warpers.append(TopPLogitsWarper(top_p))
-        self.generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % (2**63))
+        # A private generator: the process-wide RNG belongs to whoever else runs in this process.
+        self.generator = torch.Generator()
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        else:
+            self.generator.seed()  # fresh entropy for this generator only
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[n, V] logits -> [n, V] probabilities after temperature / top-k / top-p."""

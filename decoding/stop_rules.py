@@ -51,16 +51,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from decoding.brackets import CLOSERS, OPENERS, only_closers, scan_brackets
 from decoding.languages import LanguageFacts, facts_for, normalize_language
 
 SCOPES = ("line", "block", "full")
 TAB_WIDTH = 4
 
-# What editors auto-close (and what usually follows it) may sit right of the cursor without making
-# the cursor "mid-line": `foo(|)`, `["|"],`.
-_TRIVIAL_REST = re.compile(r"^[\s)\]}\"'`;,:]*$")
 _LEADING_BLANKS = re.compile(r"[ \t]*")
-_PAIRS = {")": "(", "]": "[", "}": "{"}
 # How much of the prefix is read to find the cursor's block and open strings/comments.
 _PREFIX_TAIL_CHARS = 64_000
 # The suffix is only read for its first few lines.
@@ -88,58 +85,74 @@ class _CursorContext:
 def _cursor_context(
     prefix: str, suffix: str, facts: LanguageFacts, tab_width: int
 ) -> _CursorContext:
+    lines, regions = _prefix_lines(prefix, facts)
+    last = len(lines) - 1
+    line_prefix, region = lines[last], regions[last]
+    rest = suffix.split("\n", 1)[0]
+    if line_prefix.strip():
+        indent = _indent_of(line_prefix, tab_width)
+        if facts.opens_block(line_prefix, region):
+            return _CursorContext(line_prefix, region, rest, True, indent + 1, indent)
+        parent = _enclosing_indent(lines, regions, last, indent, tab_width)
+        return _CursorContext(line_prefix, region, rest, False, indent, parent)
+    previous = next((i for i in range(last - 1, -1, -1) if lines[i].strip()), None)
+    if previous is not None and facts.opens_block(lines[previous], regions[previous]):
+        indent = _indent_of(lines[previous], tab_width)
+        return _CursorContext(line_prefix, region, rest, True, indent + 1, indent)
+    min_indent = _blank_line_min_indent(lines, previous, rest, suffix, facts, tab_width)
+    parent = _enclosing_indent(lines, regions, last, min_indent, tab_width) if min_indent else None
+    return _CursorContext(line_prefix, region, rest, False, min_indent, parent)
+
+
+def _prefix_lines(prefix: str, facts: LanguageFacts) -> tuple[list[str], list[int | None]]:
+    """The prefix's last lines (the cursor's line last), with the multi-line string or comment open
+    at the start of each."""
     tail = prefix[-_PREFIX_TAIL_CHARS:]
     lines = tail.split("\n")
     if len(tail) < len(prefix):
         lines = lines[1:] or [""]  # the first piece is a partial line
-    line_prefix = lines[-1]
     lexer = facts.lexer()
-    regions: list[int | None] = []  # open region at the start of each prefix line
+    regions: list[int | None] = []
     region: int | None = None
     for line in lines:
         regions.append(region)
         region, _ = lexer.scan(line, region)
-    rest = suffix.split("\n", 1)[0]
+    return lines, regions
 
-    def enclosing_indent(before: int, below: int) -> int | None:
-        for index in range(before - 1, -1, -1):
-            line = lines[index]
-            if line.strip() and regions[index] is None:
-                indent = _indent_of(line, tab_width)
-                if indent < below:
-                    return indent
-        return None
 
-    last = len(lines) - 1
-    if line_prefix.strip():
-        indent = _indent_of(line_prefix, tab_width)
-        if facts.opens_block(line_prefix, regions[last]):
-            return _CursorContext(line_prefix, regions[last], rest, True, indent + 1, indent)
-        return _CursorContext(
-            line_prefix, regions[last], rest, False, indent, enclosing_indent(last, indent)
-        )
-    previous = next((i for i in range(last - 1, -1, -1) if lines[i].strip()), None)
-    if previous is not None and facts.opens_block(lines[previous], regions[previous]):
-        indent = _indent_of(lines[previous], tab_width)
-        return _CursorContext(line_prefix, regions[last], rest, True, indent + 1, indent)
+def _enclosing_indent(
+    lines: list[str], regions: list[int | None], before: int, below: int, tab_width: int
+) -> int | None:
+    """Indentation of the nearest code line above line `before` that is indented less than `below`."""
+    for index in range(before - 1, -1, -1):
+        line = lines[index]
+        if line.strip() and regions[index] is None:
+            indent = _indent_of(line, tab_width)
+            if indent < below:
+                return indent
+    return None
+
+
+def _blank_line_min_indent(
+    lines: list[str], previous: int | None, rest: str, suffix: str, facts: LanguageFacts,
+    tab_width: int,
+) -> int:
+    """The block's indentation for a cursor on a blank line that does not follow an opener."""
+    line_prefix = lines[-1]
     if line_prefix:  # the editor (or the user) put the cursor at this indentation
-        min_indent = _columns(line_prefix, tab_width)
-    elif previous is None:
-        min_indent = 0
-    else:
-        # An empty line at column 0: editors strip whitespace from blank lines, so the cursor is
-        # inside the body when the code on both sides of it is (a closing line after it ends the
-        # body the cursor is in).
-        following = rest if rest.strip() else _first_nonblank_line(suffix.split("\n")[1:])
-        min_indent = 0
-        if following is not None:
-            min_indent = _indent_of(lines[previous], tab_width)
-            if not facts.starts_with_closer(following.strip()):
-                min_indent = min(min_indent, _indent_of(following, tab_width))
-    return _CursorContext(
-        line_prefix, regions[last], rest, False, min_indent,
-        enclosing_indent(last, min_indent) if min_indent else None,
-    )
+        return _columns(line_prefix, tab_width)
+    if previous is None:
+        return 0
+    # An empty line at column 0: editors strip whitespace from blank lines, so the cursor is inside
+    # the body when the code on both sides of it is (a closing line after it ends the body the
+    # cursor is in).
+    following = rest if rest.strip() else _first_nonblank_line(suffix.split("\n")[1:])
+    if following is None:
+        return 0
+    min_indent = _indent_of(lines[previous], tab_width)
+    if not facts.starts_with_closer(following.strip()):
+        min_indent = min(min_indent, _indent_of(following, tab_width))
+    return min_indent
 
 
 def _first_nonblank_line(lines: list[str]) -> str | None:
@@ -159,13 +172,62 @@ def resolve_scope(prefix: str, suffix: str, language: str, requested: str = "aut
 
 
 def _auto_scope(context: _CursorContext, suffix: str) -> str:
-    if context.line_prefix.strip() and not _TRIVIAL_REST.match(context.rest):
+    if context.line_prefix.strip() and not only_closers(context.rest):
         return "line"
     if context.after_opener:
         return "block"
     if context.min_indent == 0 and not suffix.strip():
         return "full"
     return "block"
+
+
+def _document_closes_block(
+    context: _CursorContext, rest: str, later_lines: list[str], facts: LanguageFacts, tab_width: int
+) -> bool:
+    """Whether a closer at the parent's indentation follows the cursor (or starts the rest of its
+    line): then a closing line the model writes would close the block twice."""
+    if facts.starts_with_closer(rest):
+        return True
+    below = next(
+        (line for line in later_lines
+         if line.strip() and _indent_of(line, tab_width) < context.min_indent),
+        None,
+    )
+    return (
+        below is not None
+        and _indent_of(below, tab_width) == context.parent_indent
+        and facts.starts_with_closer(below.strip())
+    )
+
+
+def _repeat_to_watch(
+    rest: str, later_lines: list[str], line_above_rest: bool, facts: LanguageFacts, tab_width: int
+) -> tuple[str | None, int | None]:
+    """(the suffix's line whose repetition ends the completion, stripped; its indentation when it
+    must match too), or (None, None) when no line is worth matching."""
+    if not only_closers(rest):
+        if len(re.sub(r"\s", "", rest)) >= 3 and not line_above_rest:
+            return rest, None
+        return None, None
+    # Only closers right of the cursor: the repeat to watch for is the next line.
+    following = _first_nonblank_line(later_lines)
+    if following is None:
+        return None, None
+    stripped = following.strip()
+    if len(re.sub(r"\s", "", stripped)) >= 3 or facts.closing_line_status(stripped)[0] == "closer":
+        return stripped, _indent_of(following, tab_width)
+    return None, None
+
+
+def _top_level_stop_pattern(facts: LanguageFacts) -> re.Pattern | None:
+    stops = [stop[1:] for stop in facts.top_level_stops]
+    if not stops:
+        return None
+    # Shortest first: the trigger is the earliest point where some stop string is complete.
+    return re.compile("|".join(re.escape(s) for s in sorted(stops, key=len)))
+
+
+_Trigger = tuple[int, int, bool]  # (trigger, cut, strip): see StopRules._triggers
 
 
 @dataclass(frozen=True)
@@ -215,42 +277,13 @@ class StopRules:
         context = _cursor_context(prefix, suffix_head, facts, tab_width)
         if scope == "auto":
             scope = _auto_scope(context, suffix_head)
-
         rest = context.rest.strip()
         later_lines = suffix_head.split("\n")[1:]
-        below = next(
-            (line for line in later_lines
-             if line.strip() and _indent_of(line, tab_width) < context.min_indent),
-            None,
-        )
-        closer_in_document = facts.starts_with_closer(rest) or (
-            below is not None
-            and _indent_of(below, tab_width) == context.parent_indent
-            and facts.starts_with_closer(below.strip())
-        )
-
         # The cursor sits in the leading blanks of a non-blank line: the completion inserts lines
         # above it, and the model shows that it is done by writing that line again.
         line_above_rest = bool(rest) and not context.line_prefix.strip()
-        suffix_line, suffix_line_indent = None, None
-        if not _TRIVIAL_REST.match(rest):
-            if len(re.sub(r"\s", "", rest)) >= 3 and not line_above_rest:
-                suffix_line = rest
-        else:  # only closers right of the cursor: the repeat to watch for is the next line
-            following = _first_nonblank_line(later_lines)
-            if following is not None:
-                stripped = following.strip()
-                if len(re.sub(r"\s", "", stripped)) >= 3 or (
-                    facts.closing_line_status(stripped)[0] == "closer"
-                ):
-                    suffix_line = stripped
-                    suffix_line_indent = _indent_of(following, tab_width)
-
-        # Shortest first: the trigger is the earliest point where some stop string is complete.
-        stops = [stop[1:] for stop in facts.top_level_stops]
-        stop_pattern = (
-            re.compile("|".join(re.escape(s) for s in sorted(stops, key=len)))
-            if stops else None
+        suffix_line, suffix_line_indent = _repeat_to_watch(
+            rest, later_lines, line_above_rest, facts, tab_width
         )
         return cls(
             language=normalize_language(language),
@@ -258,7 +291,7 @@ class StopRules:
             facts=facts,
             min_indent=context.min_indent,
             parent_indent=context.parent_indent,
-            keep_closing_line=not closer_in_document,
+            keep_closing_line=not _document_closes_block(context, rest, later_lines, facts, tab_width),
             cursor_line_prefix=context.line_prefix,
             cursor_line_region=context.line_region,
             rest_of_line=rest,
@@ -266,7 +299,7 @@ class StopRules:
             suffix_line=suffix_line,
             suffix_line_indent=suffix_line_indent,
             tab_width=tab_width,
-            _stop_pattern=stop_pattern,
+            _stop_pattern=_top_level_stop_pattern(facts),
         )
 
     # -- public -----------------------------------------------------------------------------------
@@ -354,58 +387,72 @@ class StopRules:
 
     def _triggers(
         self, text: str, start: int, end: int, complete: bool, state: _ScanState
-    ) -> list[tuple[int, int, bool]]:
+    ) -> list[_Trigger]:
         """(trigger, cut, strip) for each rule that fires on one generated line: `trigger` is the
         length of text that decides the stop, `cut` how much text to keep, `strip` whether trailing
         whitespace goes too."""
-        triggers: list[tuple[int, int, bool]] = []
+        triggers: list[_Trigger] = []
         line = text[start:end]
         has_content = bool(line.strip())
         if complete and self.scope == "line" and (state.seen_content or has_content):
             triggers.append((end + 1, end, True))
         if state.index == 0:
-            if complete and self.rest_of_line:
-                generated = line.rstrip()
-                if generated.endswith(self.rest_of_line) and not self._rest_closes_own_bracket(
-                    generated
-                ):
-                    triggers.append(
-                        (end + 1, start + len(generated) - len(self.rest_of_line), True)
-                    )
-            return triggers
+            return triggers + self._rest_of_line_repeat(line, start, end, complete)
         if state.region is not None or not has_content:
             return triggers
-
         stripped = line.lstrip(" \t")
         first = end - len(stripped)  # offset of the first non-blank character
         indent = _columns(text[start:first], self.tab_width)
-        if self.scope == "block" and indent < self.min_indent and not (
-            indent == 0 and self.facts.column0_exempt_prefixes
-            and stripped.startswith(self.facts.column0_exempt_prefixes)
-        ):
-            if self.keep_closing_line and indent == self.parent_indent:
-                status, index, closing = self.facts.closing_line_status(stripped)
-                if status == "no":
-                    # `} else {`: keep the `}` that balances the block, not what follows it.
-                    cut = first + closing if closing else start
-                    triggers.append((first + index + 1, cut, True))
-                elif complete:
-                    triggers.append((end + 1, end if status == "closer" else start, True))
-            else:
-                triggers.append((first + 1, start, True))
-
+        if self.scope == "block" and indent < self.min_indent:
+            triggers += self._block_end(stripped, start, first, end, indent, complete)
         if self._stop_pattern is not None:
             match = self._stop_pattern.match(text, start)
             if match is not None:
                 cut = (state.run_start if state.run_start is not None else start) - 1
                 if text[:cut].strip():
                     triggers.append((match.end(), cut, True))
+        if complete:
+            triggers += self._suffix_repeat(line, stripped, start, end, indent)
+        return triggers
 
-        if complete and self.suffix_line is not None and stripped.rstrip() == self.suffix_line and (
+    def _rest_of_line_repeat(self, line: str, start: int, end: int, complete: bool) -> list[_Trigger]:
+        """The first generated line ends with the rest of the cursor's line: drop the repeat."""
+        if not complete or not self.rest_of_line:
+            return []
+        generated = line.rstrip()
+        if not generated.endswith(self.rest_of_line) or self._rest_closes_own_bracket(generated):
+            return []
+        return [(end + 1, start + len(generated) - len(self.rest_of_line), True)]
+
+    def _block_end(
+        self, stripped: str, start: int, first: int, end: int, indent: int, complete: bool
+    ) -> list[_Trigger]:
+        """A line indented less than the block leaves it; a closing line at the parent's indentation
+        is kept when the document does not close the block itself."""
+        if indent == 0 and self.facts.column0_exempt_prefixes and stripped.startswith(
+            self.facts.column0_exempt_prefixes
+        ):
+            return []
+        if not (self.keep_closing_line and indent == self.parent_indent):
+            return [(first + 1, start, True)]
+        status, index, closing = self.facts.closing_line_status(stripped)
+        if status == "no":
+            # `} else {`: keep the `}` that balances the block, not what follows it.
+            return [(first + index + 1, first + closing if closing else start, True)]
+        if complete:
+            return [(end + 1, end if status == "closer" else start, True)]
+        return []
+
+    def _suffix_repeat(
+        self, line: str, stripped: str, start: int, end: int, indent: int
+    ) -> list[_Trigger]:
+        """A complete generated line that repeats the suffix's first line, or the cursor's line."""
+        triggers: list[_Trigger] = []
+        if self.suffix_line is not None and stripped.rstrip() == self.suffix_line and (
             self.suffix_line_indent is None or indent == self.suffix_line_indent
         ):
             triggers.append((end + 1, start - 1, True))
-        if complete and self.rest_line is not None and line.rstrip() == self.rest_line:
+        if self.rest_line is not None and line.rstrip() == self.rest_line:
             # Keep the newline and the cursor line's own indentation: the existing line follows.
             triggers.append((end + 1, start + len(self.cursor_line_prefix), False))
         return triggers
@@ -414,12 +461,9 @@ class StopRules:
         """Whether the generated first line leaves a bracket open that the rest of the cursor's
         line closes (`foo(` + `bar(1)` with `)` after the cursor): then that `)` is not a repeat."""
         closer = self.rest_of_line[0]
-        if closer not in _PAIRS:
+        if closer not in CLOSERS:
             return False
-        stack: list[str] = []
-        for char in self.cursor_line_prefix + generated:
-            if char in "([{":
-                stack.append(char)
-            elif char in _PAIRS and stack and stack[-1] == _PAIRS[char]:
-                stack.pop()
-        return bool(stack) and stack[-1] == _PAIRS[closer]
+        # Brackets only: these rules serve every language, and `'` opens no string in some of them
+        # (a Rust lifetime).
+        still_open = scan_brackets(self.cursor_line_prefix + generated, quotes=frozenset())[1]
+        return bool(still_open) and OPENERS[still_open[-1]] == closer

@@ -97,12 +97,18 @@ def setup_logging(debug: bool, log_file: str | None = None, level: int = logging
 
 
 def position_to_offset(text: str, line: int, character: int, path: str) -> int:
-    lines = text.split("\n")
-    if line < 0 or line >= len(lines):
-        raise DraftwiseError(f"{path}: line {line} is outside the file (it has lines 0..{len(lines) - 1})")
-    if character < 0 or character > len(lines[line]):
-        raise DraftwiseError(f"{path}: character {character} is outside line {line} (length {len(lines[line])})")
-    return sum(len(x) + 1 for x in lines[:line]) + character
+    """Offset of a 0-based line and code-point column, with LSP's line breaks; an error outside the file."""
+    from lsprotocol import types
+
+    from lsp_server.documents import UTF32, OpenDocument
+
+    doc = OpenDocument(uri=path, language_id="", version=0, text=text)
+    if line < 0 or line >= doc.line_count:
+        raise DraftwiseError(f"{path}: line {line} is outside the file (it has lines 0..{doc.line_count - 1})")
+    length = len(doc.line(line))
+    if character < 0 or character > length:
+        raise DraftwiseError(f"{path}: character {character} is outside line {line} (length {length})")
+    return doc.offset_at(types.Position(line=line, character=character), UTF32)
 
 
 def cmd_complete(args) -> int:
@@ -167,8 +173,6 @@ def cmd_serve(args) -> int:
         host = host or "127.0.0.1"
         if not port.isdigit():
             raise DraftwiseError(f"--tcp wants HOST:PORT, got '{args.tcp}'")
-        if host not in ("127.0.0.1", "localhost", "::1") and not args.allow_remote:
-            raise DraftwiseError(f"refusing to listen on {host}: only loopback unless --allow-remote is given")
         tcp = (host, int(port))
     code = run(engine_config(args), tcp=tcp, allow_remote=args.allow_remote)
     # The engine's worker thread can still be inside a torch kernel (a client that disconnected

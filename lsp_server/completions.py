@@ -28,11 +28,11 @@ from typing import Callable, Sequence
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 
-from decoding.api import CompletionRequest
+from decoding.api import CompletionRequest, CompletionResult
 from decoding.errors import EngineNotReady
 from lsp_server.config import Settings
 from lsp_server.documents import LINE_BREAK, DocumentStore, OpenDocument, display_path, select_context
-from lsp_server.engine_host import EngineHost, job_result
+from lsp_server.engine_host import EngineHost
 from lsp_server.postprocess import Edit, IndentStyle, detect_indent, shape
 from lsp_server.typeahead import TypeAheadMemory
 
@@ -72,6 +72,22 @@ class ItemRecord:
     suffix: str
     text: str  # what the item inserts
     alternative: bool
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """Where one request completes, read once from the document as it was when the request came."""
+
+    doc: OpenDocument
+    version: int
+    start: int  # the range a suggestion replaces starts here (a selected popup item's start) ...
+    end: int  # ... and ends here, before the auto-closed characters the edit also covers
+    inserted: str  # a selected popup item's text, taken as typed
+    prefix: str
+    suffix: str
+    line_before: str  # the cursor's line, before and after the cursor
+    line_after: str
+    indent: IndentStyle
 
 
 @dataclass
@@ -132,6 +148,28 @@ class Completions:
         settings = self.settings()
         if not settings.serves_language(doc.language_id) or not self.host.ready:
             return None
+        cursor = self._cursor(doc, position, selected)
+        self.documents.touch(uri)
+        request = self._request(doc, cursor.prefix, cursor.suffix, settings)
+        use_memory = selected is None  # a popup selection is hypothetical text: don't remember it
+        # Asked for by hand: the user waits for a choice, so no instant answer from type-ahead.
+        if invoked and settings.alternatives > 1:
+            request.alternatives = settings.alternatives - 1
+        instant = (self.typeahead.continuation(uri, cursor.prefix, cursor.suffix)
+                   if use_memory and not request.alternatives else None)
+        if instant is not None:
+            job = self._submit(request, cursor.version)
+            if job is not None:
+                self._run_in_background(self._remember_when_done(job, cursor))
+            return self._shaped(cursor, instant, instant=True)
+        result = await self._engine_answer(cursor, request)
+        if result is None or result is SUPERSEDED:
+            return result
+        self.last_stats = result.stats.to_dict()
+        return self._suggestions(cursor, result, use_memory)
+
+    def _cursor(self, doc: OpenDocument, position: types.Position,
+                selected: types.SelectedCompletionInfo | None) -> _Cursor:
         encoding = self.documents.encoding
         start = end = doc.offset_at(position, encoding)
         inserted = ""
@@ -144,50 +182,35 @@ class Completions:
             inserted = selected.text
         prefix, suffix = doc.text[:start] + inserted, doc.text[end:]
         line_before, line_after = cursor_line(prefix, suffix)
-        indent = self._indent(doc)
-        self.documents.touch(uri)
-        request = self._request(doc, prefix, suffix, settings)
-        version = doc.version
+        return _Cursor(doc, doc.version, start, end, inserted, prefix, suffix, line_before, line_after,
+                       self._indent(doc))
 
-        def finish(text: str, instant: bool, alternative: bool = False) -> Suggestion | None:
-            edit = shape(text, line_before, line_after, indent)
-            if edit is None:
-                return None
-            return self._suggestion(doc, start, end, inserted, edit, instant, alternative, prefix, suffix)
-
-        use_memory = selected is None  # a popup selection is hypothetical text: don't remember it
-        # Asked for by hand: the user waits for a choice, so no instant answer from type-ahead.
-        if invoked and settings.alternatives > 1:
-            request.alternatives = settings.alternatives - 1
-        instant = (self.typeahead.continuation(uri, prefix, suffix)
-                   if use_memory and not request.alternatives else None)
-        if instant is not None:
-            job = self._submit(request, version)
-            if job is not None:
-                self._run_in_background(self._remember_when_done(job, doc, version, prefix, suffix,
-                                                                 line_before, line_after, indent))
-            return finish(instant, instant=True)
-
-        job = self._submit(request, version)
+    async def _engine_answer(self, cursor: _Cursor, request: CompletionRequest):
+        """The engine's result for the request; SUPERSEDED when it is stale, None when there is none."""
+        uri = cursor.doc.uri
+        job = self._submit(request, cursor.version)
         if job is None:
             return None
         try:
-            result = await job_result(job)
+            result = await job
         except asyncio.CancelledError:
             job.cancel()  # the client cancelled: stop the engine now, not after max_tokens
             raise
         except Exception:
             log.exception("completion failed for %s", uri)
             return None
-        if result.stats.stopped == "cancelled" or self._moved_on(doc, version):
+        if result.stats.stopped == "cancelled" or self._moved_on(cursor.doc, cursor.version):
             return SUPERSEDED
-        self.last_stats = result.stats.to_dict()
-        suggestion = finish(result.text, instant=False)
+        return result
+
+    def _suggestions(self, cursor: _Cursor, result: CompletionResult, use_memory: bool) -> Suggestion | None:
+        """The greedy text's suggestion with the distinct alternatives after it."""
+        suggestion = self._shaped(cursor, result.text, instant=False)
         if suggestion is not None and use_memory:
-            self.typeahead.remember(uri, prefix, suffix, suggestion.text)
+            self.typeahead.remember(cursor.doc.uri, cursor.prefix, cursor.suffix, suggestion.text)
         others: list[Suggestion] = []
         for text in result.alternatives:
-            other = finish(text, instant=False, alternative=True)
+            other = self._shaped(cursor, text, instant=False, alternative=True)
             # Distinct as the editor shows them (shaping can make two texts equal).
             if other is not None and other.text not in {s.text for s in [suggestion, *others] if s}:
                 others.append(other)
@@ -196,6 +219,12 @@ class Completions:
         if others:
             suggestion = replace(suggestion, alternatives=tuple(others))
         return suggestion
+
+    def _shaped(self, cursor: _Cursor, text: str, instant: bool, alternative: bool = False) -> Suggestion | None:
+        edit = shape(text, cursor.line_before, cursor.line_after, cursor.indent)
+        if edit is None:
+            return None
+        return self._suggestion(cursor, edit, instant, alternative)
 
     def _request(self, doc: OpenDocument, prefix: str, suffix: str, settings: Settings) -> CompletionRequest:
         folders = self.workspace_folders()
@@ -217,19 +246,19 @@ class Completions:
             log.exception("the engine refused a request for %s", request.document)
             return None
 
-    async def _remember_when_done(self, job, doc: OpenDocument, version: int, prefix: str, suffix: str,
-                                  line_before: str, line_after: str, indent: IndentStyle) -> None:
+    async def _remember_when_done(self, job, cursor: _Cursor) -> None:
         """After an instant answer: the engine's own answer becomes the remembered suggestion."""
+        doc = cursor.doc
         try:
-            result = await job_result(job)
+            result = await job
         except Exception:
             log.exception("background completion failed for %s", doc.uri)
             return
-        if result.stats.stopped == "cancelled" or self._moved_on(doc, version):
+        if result.stats.stopped == "cancelled" or self._moved_on(doc, cursor.version):
             return
-        edit = shape(result.text, line_before, line_after, indent)
+        edit = shape(result.text, cursor.line_before, cursor.line_after, cursor.indent)
         if edit is not None:
-            self.typeahead.remember(doc.uri, prefix, suffix, edit.text)
+            self.typeahead.remember(doc.uri, cursor.prefix, cursor.suffix, edit.text)
 
     def _run_in_background(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -246,17 +275,17 @@ class Completions:
             self._indent_cache[doc.uri] = cached
         return cached[1]
 
-    def _suggestion(self, doc: OpenDocument, start: int, end: int, inserted: str, edit: Edit,
-                    instant: bool, alternative: bool, prefix: str, suffix: str) -> Suggestion:
-        encoding = self.documents.encoding
-        replaced = types.Range(start=doc.position_at(start, encoding),
-                               end=doc.position_at(end + edit.replace, encoding))
+    def _suggestion(self, cursor: _Cursor, edit: Edit, instant: bool, alternative: bool) -> Suggestion:
+        doc, encoding = cursor.doc, self.documents.encoding
+        replaced = types.Range(start=doc.position_at(cursor.start, encoding),
+                               end=doc.position_at(cursor.end + edit.replace, encoding))
         self.counts.shown += 1
         self.counts.instant += instant
         self.counts.alternatives_shown += alternative
-        suggestion = Suggestion(id=str(next(self._ids)), uri=doc.uri, text=inserted + edit.text,
+        suggestion = Suggestion(id=str(next(self._ids)), uri=doc.uri, text=cursor.inserted + edit.text,
                                 range=replaced, instant=instant, alternative=alternative)
-        self._items[suggestion.id] = ItemRecord(doc.uri, doc.text[:start], suffix, suggestion.text, alternative)
+        self._items[suggestion.id] = ItemRecord(doc.uri, doc.text[:cursor.start], cursor.suffix,
+                                                suggestion.text, alternative)
         while len(self._items) > ITEMS_REMEMBERED:
             self._items.popitem(last=False)
         return suggestion

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from decoding.api import CompletionRequest, CompletionResult
+from decoding.api import CompletionRequest
 from decoding.errors import DraftwiseError, EngineNotReady
 from lsp_server.config import Settings
 from lsp_server.progress import LoadProgress
@@ -25,12 +25,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 IDLE, LOADING, READY, FAILED = "idle", "loading", "ready", "failed"
-
-
-async def job_result(job: Job) -> CompletionResult:
-    """Await a job's result. Cancelling the awaiting task leaves the job's own future alone: the
-    engine resolves it itself (with stopped="cancelled") once the caller has called job.cancel()."""
-    return await asyncio.shield(asyncio.wrap_future(job.future))
 
 
 class EngineHost:

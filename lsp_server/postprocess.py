@@ -16,13 +16,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-OPENERS = {"(": ")", "[": "]", "{": "}"}
-CLOSERS = frozenset(OPENERS.values())
-QUOTES = frozenset("\"'`")
-# What an editor's auto-closing leaves right of the cursor, plus punctuation that commonly follows it
-# (`foo(|);`, `["|"],`); with only these to the right, a multi-line suggestion still fits.
+from decoding.brackets import QUOTES, only_closers, scan_brackets
+
+# The characters an editor's auto-closing leaves right of the cursor.
 _AUTO_CLOSED_RUN = re.compile(r"[)\]}\"'`]*")
-_ONLY_CLOSERS_RIGHT = re.compile(r"^[\s)\]}\"'`;,:]*$")
 _LEADING_WS = re.compile(r"^[ \t]*")
 
 
@@ -97,43 +94,12 @@ def open_quote(line_before: str) -> str | None:
 
 def closers_of_earlier_text(text: str, quote_at_start: str | None) -> list[str]:
     """Brackets and quotes in text that close something opened before the cursor, in order."""
-    return _scan_brackets(text, quote_at_start)[0]
-
-
-def _scan_brackets(text: str, quote_at_start: str | None) -> tuple[list[str], list[str]]:
-    """(closers of earlier text, in order; openers of text's own still open at its end)."""
-    closes: list[str] = []
-    stack: list[str] = []
-    quote = quote_at_start
-    inside_outer_string = quote_at_start is not None
-    escaped = False
-    for ch in text:
-        if quote is not None:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                if inside_outer_string:
-                    closes.append(ch)
-                    inside_outer_string = False
-                quote = None
-            continue
-        if ch in QUOTES:
-            quote = ch
-        elif ch in OPENERS:
-            stack.append(ch)
-        elif ch in CLOSERS:
-            if stack and OPENERS[stack[-1]] == ch:
-                stack.pop()
-            elif not stack:
-                closes.append(ch)
-    return closes, stack
+    return scan_brackets(text, quote_at_start)[0]
 
 
 def is_mid_line(line_after: str) -> bool:
     """Text right of the cursor that a multi-line suggestion would push down and leave dangling."""
-    return not _ONLY_CLOSERS_RIGHT.match(line_after)
+    return not only_closers(line_after)
 
 
 def shape(text: str, line_before: str, line_after: str, indent: IndentStyle) -> Edit | None:
@@ -159,7 +125,7 @@ def shape(text: str, line_before: str, line_after: str, indent: IndentStyle) -> 
     # the suggestion needs those characters to close its own brackets (`print(|)` -> `len(x)`).
     rest = line_after[replace:].rstrip()
     if rest.strip() and "\n" not in text and text.endswith(rest) \
-            and not _scan_brackets(text[: -len(rest)], quote)[1]:
+            and not scan_brackets(text[: -len(rest)], quote)[1]:
         text = text[: -len(rest)]
 
     if not text.strip() or text == line_after[:replace]:

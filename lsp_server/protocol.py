@@ -10,6 +10,9 @@
 - turns params that do not fit the method's type into InvalidParams (pygls drops such a request
   unanswered), and lets a request leave params out, as JSON-RPC allows;
 - forgets each handler's future when it is done (pygls keeps one per notification, for ever).
+
+Several of these override or read pygls internals, so pyproject.toml pins pygls to the releases they
+were checked on; tests/server/test_pygls_internals.py names any of them that moves.
 """
 from __future__ import annotations
 

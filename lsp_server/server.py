@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import ipaddress
 import logging
 import os
 import sys
@@ -18,7 +17,6 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from decoding.api import EngineConfig
-from decoding.errors import DraftwiseError
 from lsp_server.completions import (
     ACCEPTED_COMMAND, PARTIALLY_ACCEPTED_COMMAND, Completions, completion_result, inline_result,
 )
@@ -165,7 +163,14 @@ def last_timing(last: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def create_server(config: EngineConfig) -> DraftwiseServer:
     server = DraftwiseServer(config)
+    _add_life_cycle(server)
+    _add_document_sync(server)
+    _add_completions(server)
+    _add_custom_requests(server)
+    return server
 
+
+def _add_life_cycle(server: DraftwiseServer) -> None:
     @server.feature(types.INITIALIZE)
     def initialize(ls: DraftwiseServer, params: types.InitializeParams) -> None:
         encoding = ls.workspace.position_encoding or types.PositionEncodingKind.Utf16
@@ -189,6 +194,12 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
         else:
             ls.apply_configuration(params.settings, "workspace/didChangeConfiguration")
 
+    @server.feature(types.SHUTDOWN)
+    async def shutdown(ls: DraftwiseServer, params: None) -> None:
+        await ls.engine_host.close(wait_s=2.0)
+
+
+def _add_document_sync(server: DraftwiseServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DraftwiseServer, params: types.DidOpenTextDocumentParams) -> None:
         doc = params.text_document
@@ -206,6 +217,8 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
         ls.engine_host.document_closed(params.text_document.uri)
         ls.completions.document_closed(params.text_document.uri)
 
+
+def _add_completions(server: DraftwiseServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(ls: DraftwiseServer, params: types.InlineCompletionParams):
         suggestion = await ls.completions.suggest(
@@ -233,6 +246,8 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
     def partially_accepted(ls: DraftwiseServer, *arguments: Any) -> None:
         ls.completions.partially_accepted(arguments)
 
+
+def _add_custom_requests(server: DraftwiseServer) -> None:
     @server.feature(STATS_REQUEST)
     def stats(ls: DraftwiseServer, params: Any) -> dict[str, Any]:
         return ls.stats()
@@ -241,12 +256,6 @@ def create_server(config: EngineConfig) -> DraftwiseServer:
     def document_text(ls: DraftwiseServer, params: Any) -> dict[str, Any]:
         # The server's copy of a document, for client authors checking their sync and encodings.
         return ls.document_info(plain_json(params))
-
-    @server.feature(types.SHUTDOWN)
-    async def shutdown(ls: DraftwiseServer, params: None) -> None:
-        await ls.engine_host.close(wait_s=2.0)
-
-    return server
 
 
 def _protocol_stdout():
@@ -259,21 +268,10 @@ def _protocol_stdout():
     return protocol_out
 
 
-def _check_host(host: str, allow_remote: bool) -> None:
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not allow_remote:
-        raise DraftwiseError(f"refusing to listen on {host}: the server has no authentication, so anyone who "
-                         f"can reach that address could read your open files. Use 127.0.0.1, or allow "
-                         f"remote connections explicitly.")
-
-
 def run(config: EngineConfig, *, tcp: tuple[str, int] | None = None, allow_remote: bool = False) -> int:
     """Serve LSP over stdio (tcp=None) or TCP until the client says exit; the exit code LSP asks for
     (0 after shutdown, 1 without)."""
-    from lsp_server.transport import serve_stdio, serve_tcp
+    from lsp_server.transport import check_listen_host, serve_stdio, serve_tcp
 
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         # pygls logs every message body (whole documents) at INFO.
@@ -281,6 +279,6 @@ def run(config: EngineConfig, *, tcp: tuple[str, int] | None = None, allow_remot
     server = create_server(config)
     if tcp is not None:
         host, port = tcp
-        _check_host(host, allow_remote)
+        check_listen_host(host, allow_remote)
         return serve_tcp(server, host, port)
     return serve_stdio(server, sys.stdin.buffer, _protocol_stdout())

@@ -9,6 +9,7 @@ it could not read. An unparsable body is answered with ParseError.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import re
@@ -17,6 +18,7 @@ from typing import AsyncIterator, Protocol
 from pygls.exceptions import JsonRpcParseError
 from pygls.io_ import StdinAsyncReader, StdoutWriter
 
+from decoding.errors import DraftwiseError
 from lsp_server.protocol import DraftwiseProtocol
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,24 @@ def serve_stdio(server, stdin, stdout) -> int:
     except BrokenPipeError:
         log.error("the client closed its end of the connection")
         return 0 if server.protocol.shutdown_received else 1
+
+
+def is_loopback(host: str) -> bool:
+    """Whether host is this machine only: `localhost`, all of 127.0.0.0/8, or ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: it may resolve anywhere
+        return False
+
+
+def check_listen_host(host: str, allow_remote: bool) -> None:
+    """Refuse a non-loopback listening address unless remote connections are explicitly allowed."""
+    if not allow_remote and not is_loopback(host):
+        raise DraftwiseError(f"refusing to listen on {host}: the server has no authentication, so anyone "
+                             f"who can reach that address could read your open files. Use a loopback "
+                             f"address (127.0.0.1), or allow remote connections with --allow-remote.")
 
 
 def serve_tcp(server, host: str, port: int) -> int:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from decoding.errors import DraftwiseError
+from lsp_server.cli import position_to_offset
+
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
@@ -34,6 +37,17 @@ def test_position_outside_the_file(tmp_path):
     f.write_text("x = 1\n")
     assert_clean_error(draftwise("complete", str(f), "--line", "9", "--character", "0"), "line 9 is outside")
     assert_clean_error(draftwise("complete", str(f), "--line", "0", "--character", "40"), "character 40 is outside")
+
+
+@pytest.mark.parametrize("text", ["ab\ncd\n", "ab\r\ncd\r\n", "ab\rcd\r"])
+def test_positions_count_lines_as_lsp_does(text):
+    """\n, \r\n and \r each end a line, and a column never reaches into the line break."""
+    assert text[position_to_offset(text, 1, 1, "a.py")] == "d"
+    assert position_to_offset(text, 0, 2, "a.py") == 2
+    with pytest.raises(DraftwiseError, match="character 3 is outside line 0"):
+        position_to_offset(text, 0, 3, "a.py")
+    with pytest.raises(DraftwiseError, match="line 3 is outside"):
+        position_to_offset(text, 3, 0, "a.py")
 
 
 def test_unknown_preset(tmp_path):

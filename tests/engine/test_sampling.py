@@ -86,3 +86,28 @@ def test_greedy_verify_accepts_longest_matching_prefix():
     assert greedy.verify(logits, Draft([1, 2, 3], "lookup")) == [1, 2, 3, 4]  # all accepted + bonus
     assert greedy.verify(logits, Draft([5, 2, 3], "lookup")) == [1]  # none accepted
     assert greedy.verify(logits[:1], None) == [1]  # plain step
+
+
+def test_unseeded_samplers_leave_the_global_rng_alone():
+    """Sampling draws from the sampler's own generator; an unseeded request must neither reseed nor
+    consume torch's process-wide stream (other code in the process relies on it)."""
+    logits = torch.randn(3, V)
+    torch.manual_seed(123)
+    expected = torch.rand(4)
+    torch.manual_seed(123)
+    for temperature in (0.0, 0.8):
+        sampler = Sampler(temperature=temperature)
+        for _ in range(20):
+            sampler.verify(logits, Draft([1, 2], "lookup"))
+        sampler.pick(logits[0])
+    assert torch.equal(torch.rand(4), expected)
+
+
+def test_unseeded_samplers_differ_and_seeded_ones_repeat():
+    logits = torch.zeros(1, 1000)  # uniform over 1000 tokens: equal streams would be a coincidence
+
+    def stream(sampler: Sampler) -> list[int]:
+        return [sampler.verify(logits, None)[0] for _ in range(8)]
+
+    assert stream(Sampler(temperature=1.0)) != stream(Sampler(temperature=1.0))
+    assert stream(Sampler(temperature=1.0, seed=7)) == stream(Sampler(temperature=1.0, seed=7))

@@ -51,6 +51,8 @@ def listening_addresses(pid: int, timeout: float = 120.0) -> set[str]:
     deadline = time.monotonic() + timeout
     process = psutil.Process(pid)
     while time.monotonic() < deadline:
+        if process.status() == psutil.STATUS_ZOMBIE:
+            raise AssertionError("the server exited without listening")
         found = {c.laddr.ip for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
         if found:
             return found
@@ -127,6 +129,18 @@ def test_tcp_listens_on_loopback_only(where, tiny_model_dir):
         assert listening_addresses(server.pid) == {"127.0.0.1"}
         answer = lsp_over_tcp(port)
         assert answer["id"] == 1 and answer["result"]["serverInfo"]["name"] == "draftwise"
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+def test_the_command_line_serves_on_any_loopback_address(tiny_model_dir):
+    """All of 127.0.0.0/8 is loopback: `serve` accepts 127.0.0.2 without --allow-remote, as run() does."""
+    port = free_port()
+    server = subprocess.Popen([*SERVE, *tiny_args(tiny_model_dir), "--tcp", f"127.0.0.2:{port}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=serve_env())
+    try:
+        assert listening_addresses(server.pid) == {"127.0.0.2"}
     finally:
         server.kill()
         server.wait(timeout=30)

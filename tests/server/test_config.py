@@ -1,10 +1,15 @@
 """Settings from initializationOptions / didChangeConfiguration."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from decoding.api import EngineConfig
-from lsp_server.config import Settings, apply_settings
+from lsp_server.config import KNOWN_KEYS, Settings, apply_settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_documented_key_is_applied():
@@ -100,3 +105,33 @@ def test_only_model_changes_need_a_reload():
     for key, value in [("maxTokens", 8), ("drafter", "none"), ("temperature", 0.5), ("languages", ["go"]),
                        ("scope", "line"), ("contextTokens", 512)]:
         assert not base.needs_reload(apply_settings(base, {key: value}).settings), key
+
+
+def documented_settings(path: Path, heading: str) -> dict[str, list[str]]:
+    """key -> the other cells of its row, from the first table after `heading` in a Markdown file."""
+    text = path.read_text(encoding="utf-8")
+    rows: dict[str, list[str]] = {}
+    for line in text[text.index(heading):].splitlines()[1:]:
+        if rows and not line.startswith("|"):
+            break
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for key in re.findall(r"`(\w+)`", cells[0]) if line.startswith("|") else ():
+            rows[key] = cells[1:]
+    return rows
+
+
+@pytest.mark.parametrize("doc, heading", [("README.md", "### Server settings"),
+                                          ("lsp_server/PROTOCOL.md", "## Settings")])
+def test_the_settings_tables_list_every_key(doc, heading):
+    assert set(documented_settings(REPO_ROOT / doc, heading)) == set(KNOWN_KEYS)
+
+
+def test_the_protocol_says_which_settings_reload_the_models():
+    values = {"target": "/other", "draft": "/other-draft", "device": "cpu", "dtype": "float32",
+              "weights": "int8", "draftWeights": "int4", "contextTokens": 512, "drafter": "none",
+              "maxTokens": 8, "temperature": 0.5, "languages": ["go"], "scope": "line", "alternatives": 5}
+    assert set(values) == set(KNOWN_KEYS)
+    table = documented_settings(REPO_ROOT / "lsp_server/PROTOCOL.md", "## Settings")
+    for key, value in values.items():
+        reloads = Settings().needs_reload(apply_settings(Settings(), {key: value}).settings)
+        assert table[key][-1] == ("yes" if reloads else "no"), key

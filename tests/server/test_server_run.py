@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from decoding.errors import DraftwiseError
-from lsp_server.server import _check_host
+from lsp_server.transport import check_listen_host, is_loopback
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,13 +30,16 @@ def test_stray_prints_go_to_stderr_not_into_the_protocol_stream():
     assert b"stray print" in done.stderr and b"stray fd write" in done.stderr
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2"])
-def test_loopback_addresses_are_allowed(host):
-    _check_host(host, allow_remote=False)
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "LocalHost", "::1", "127.0.0.2", "127.255.255.254"])
+def test_all_of_127_0_0_0_8_and_ipv6_loopback_are_loopback(host):
+    assert is_loopback(host)
+    check_listen_host(host, allow_remote=False)
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.20", "example.com"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "128.0.0.1", "192.168.1.20", "::2", "example.com",
+                                  "localhost.example.com"])
 def test_other_addresses_need_allow_remote(host):
-    with pytest.raises(DraftwiseError, match="no authentication"):
-        _check_host(host, allow_remote=False)
-    _check_host(host, allow_remote=True)
+    assert not is_loopback(host)
+    with pytest.raises(DraftwiseError, match="no authentication.*--allow-remote"):
+        check_listen_host(host, allow_remote=False)
+    check_listen_host(host, allow_remote=True)
