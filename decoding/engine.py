@@ -14,7 +14,7 @@ from decoding.errors import DraftwiseError, EngineNotReady, ModelLoadError, Mode
 from decoding.jobs import Job, JobRegistry, ModelWorker
 from decoding.loading import LoadedModels, Progress, ensure_draft_model, load_models
 from decoding.request_plan import build_plan, build_prompt
-from decoding.request_run import run_plan
+from decoding.request_run import read_prompt_ahead, run_plan
 
 log = logging.getLogger("draftwise.engine")
 
@@ -35,6 +35,8 @@ class Engine:
         self._cumulative = RequestStats(drafter=self.config.drafter)
         self._last: RequestStats | None = None
         self._requests = 0
+        # Idle work (prepare, and submit(idle=True)): counted apart from the requests users wait for.
+        self._idle = {"prepared_tokens": 0, "read_aheads": 0, "prefetches": 0, "cancelled": 0}
 
     # ---- loading ------------------------------------------------------------------------------
     def start_loading(self, progress: Progress | None = None) -> concurrent.futures.Future:
@@ -74,17 +76,28 @@ class Engine:
             raise EngineNotReady(f"the model is not ready (state {self.state}{why})")
         return self.models
 
-    def submit(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0) -> Job:
+    def submit(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
+               idle: bool = False) -> Job:
         """Queue a request; it cancels its document's previous job (latest wins, even inside the verify
-        loop). version: the document version it was made for (see document_changed)."""
+        loop). version: the document version it was made for (see document_changed). idle: nobody
+        waits for it (a prefetch): any request that is not idle cancels it."""
         self._ready_models()
         if request.drafter is not None and request.drafter not in DRAFTERS:
             raise ModelSpecError(f"unknown drafter '{request.drafter}': use one of {', '.join(DRAFTERS)}")
         if request.scope not in SCOPES:
             raise ModelSpecError(f"unknown scope '{request.scope}': use one of {', '.join(SCOPES)}")
-        job = Job(request, cancel, version)
+        return self._queue(Job(request, cancel, version, idle), self._run)
+
+    def prepare(self, request: CompletionRequest) -> Job:
+        """Idle work: read the prompt this request would have into the KV caches, so that the same
+        request, when the user asks, starts from them. Any request that is not idle cancels it
+        within one prefill chunk. The job's result is the number of prompt tokens read."""
+        self._ready_models()
+        return self._queue(Job(request, idle=True), self._read_ahead)
+
+    def _queue(self, job: Job, run) -> Job:
         self.jobs.add(job)
-        inner = self._worker.call(lambda: self._run(job))
+        inner = self._worker.call(lambda: run(job))
         inner.add_done_callback(lambda f: self._settle(job, f))
         return job
 
@@ -113,18 +126,31 @@ class Engine:
         """On the worker thread: plan the request, run it, then its alternatives (if asked for)."""
         request, cancel, models = job.request, job.cancel_token, self._ready_models()
         if cancel.cancelled:  # cancelled while queued: no model time spent
-            return self._record(CompletionResult("", RequestStats(drafter=request.drafter or self.config.drafter,
-                                                                  stopped="cancelled")))
+            stats = RequestStats(drafter=request.drafter or self.config.drafter, stopped="cancelled")
+            return self._record(CompletionResult("", stats), idle=job.idle)
         if (request.drafter or self.config.drafter) == "model":
             ensure_draft_model(models, self.config)  # asked for by name: load it if `auto` left it out
         plan = build_plan(models, self.config, request)
         result, stop = run_plan(models, plan, cancel)
         if request.alternatives and stop.reason != "cancelled":
             result.alternatives = alternatives.generate(models, plan, result.text, cancel)
-        return self._record(result)
+        return self._record(result, idle=job.idle)
 
-    def _record(self, result: CompletionResult) -> CompletionResult:
+    def _read_ahead(self, job: Job) -> int:
+        read = 0 if job.cancel_token.cancelled else read_prompt_ahead(self._ready_models(), job.request,
+                                                                      job.cancel_token)
         with self._lock:
+            self._idle["prepared_tokens"] += read
+            self._idle["read_aheads"] += 1
+            self._idle["cancelled"] += job.cancel_token.cancelled
+        return read
+
+    def _record(self, result: CompletionResult, idle: bool = False) -> CompletionResult:
+        with self._lock:
+            if idle:
+                self._idle["prefetches"] += 1
+                self._idle["cancelled"] += result.stats.stopped == "cancelled"
+                return result
             self._requests += 1
             self._last = result.stats
             self._cumulative.add(result.stats)
@@ -150,8 +176,9 @@ class Engine:
 
     def stats(self) -> dict:
         with self._lock:
-            cumulative, last, n = self._cumulative.copy(), self._last, self._requests
-        return {"requests": n, "cumulative": cumulative.to_dict(), "last": last.to_dict() if last else None}
+            cumulative, last, n, idle = self._cumulative.copy(), self._last, self._requests, dict(self._idle)
+        return {"requests": n, "cumulative": cumulative.to_dict(), "last": last.to_dict() if last else None,
+                "idle": idle}
 
     def close(self) -> None:
         self.jobs.cancel_all()

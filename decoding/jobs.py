@@ -16,9 +16,11 @@ from decoding.errors import DraftwiseError
 class Job:
     """One submitted request: cancel it from any thread, await it from asyncio."""
 
-    def __init__(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0):
+    def __init__(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
+                 idle: bool = False):
         self.request = request
         self.version = version  # the document version the request was made for
+        self.idle = idle  # idle work: any request a user waits for cancels it
         self.cancel_token = cancel or CancelToken()
         self.future: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -35,24 +37,33 @@ class Job:
 
 
 class JobRegistry:
-    """The latest job per document; thread-safe (the worker settles jobs, the server adds them)."""
+    """The latest job per document, and the latest idle job per document; thread-safe (the worker
+    settles jobs, the server adds them). A job the user waits for cancels every idle job: there is
+    one worker thread, and idle work must never delay a real request by more than one forward."""
 
     def __init__(self) -> None:
         self._latest: dict[str, Job] = {}
+        self._idle: dict[str, Job] = {}
         self._lock = threading.Lock()
 
     def add(self, job: Job) -> None:
         """Register job as its document's latest; the previous one is cancelled (latest wins)."""
+        table = self._idle if job.idle else self._latest
         with self._lock:
-            previous = self._latest.get(job.request.document)
-            self._latest[job.request.document] = job
-        if previous is not None:
-            previous.cancel()
+            previous = table.get(job.request.document)
+            table[job.request.document] = job
+            idle = [] if job.idle else list(self._idle.values())
+            if not job.idle:
+                self._idle.clear()
+        for old in [previous, *idle]:
+            if old is not None:
+                old.cancel()
 
     def done(self, job: Job) -> None:
+        table = self._idle if job.idle else self._latest
         with self._lock:
-            if self._latest.get(job.request.document) is job:
-                del self._latest[job.request.document]
+            if table.get(job.request.document) is job:
+                del table[job.request.document]
 
     def document_changed(self, document: str, version: int) -> None:
         """The document moved past the version its running job was made for: stop that job now."""
@@ -65,18 +76,20 @@ class JobRegistry:
 
     def document_closed(self, document: str) -> None:
         with self._lock:
-            job = self._latest.pop(document, None)
-        if job is not None:
-            job.cancel()
+            jobs = [self._latest.pop(document, None), self._idle.pop(document, None)]
+        for job in jobs:
+            if job is not None:
+                job.cancel()
 
     def cancel_all(self) -> None:
         with self._lock:
-            jobs, self._latest = list(self._latest.values()), {}
+            jobs = [*self._latest.values(), *self._idle.values()]
+            self._latest, self._idle = {}, {}
         for job in jobs:
             job.cancel()
 
     def __len__(self) -> int:
-        return len(self._latest)
+        return len(self._latest) + len(self._idle)
 
 
 class ModelWorker:

@@ -8,8 +8,8 @@ from decoding import faults
 from decoding.api import CancelToken, CompletionResult
 from decoding.errors import DraftwiseError
 from decoding.loading import LoadedModels
-from decoding.request_plan import RequestPlan
-from decoding.runner import Cancelled
+from decoding.request_plan import RequestPlan, build_prompt
+from decoding.runner import Cancelled, read_ahead
 from decoding.speculative import Stop, speculative_decode
 
 
@@ -24,16 +24,35 @@ def run_plan(models: LoadedModels, plan: RequestPlan, cancel: CancelToken) -> tu
         generated, stop = _generate(models, plan, cancel, started)
     except (MemoryError, RuntimeError) as exc:  # torch's OutOfMemoryError is a RuntimeError
         runner.discard()
-        models.clear_caches()
-        oom = isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
-        what = "out of memory" if oom else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise DraftwiseError(f"generation failed: {what}; caches were dropped") from exc
+        raise _dropped_caches(models, exc) from exc
     runner.finish()
     stats.forwards_after_cancel = runner.forwards_after_cancel
     stats.decode_ms = (time.perf_counter() - started) * 1000 - stats.prefill_ms
     stats.stopped = stop.reason
     stats.generated_tokens = min(len(generated), stop.keep_tokens)
     return CompletionResult(stop.text(generated, models.decode), stats), stop
+
+
+def read_prompt_ahead(models: LoadedModels, request, cancel: CancelToken) -> int:
+    """Idle work: read the prompt this request would have into the target's KV cache, and a draft
+    model's, so the request starts from them when the user asks. Returns the target tokens read."""
+    prompt = build_prompt(models, request)
+    try:
+        read = read_ahead(models.target_runner, prompt, request.document, cancel)
+        for drafter in models.drafters.values():
+            drafter.prepare(prompt, request.document, cancel)
+    except (MemoryError, RuntimeError) as exc:
+        raise _dropped_caches(models, exc) from exc
+    return read
+
+
+def _dropped_caches(models: LoadedModels, exc: BaseException) -> DraftwiseError:
+    """After a failure (most likely out of memory) free what the caches hold: the next request starts
+    cold. The error to raise, in one line."""
+    models.clear_caches()
+    oom = isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+    what = "out of memory" if oom else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return DraftwiseError(f"generation failed: {what}; caches were dropped")
 
 
 def _generate(models: LoadedModels, plan: RequestPlan, cancel: CancelToken,

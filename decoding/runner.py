@@ -101,3 +101,20 @@ class ModelRunner:
                 raise Cancelled()
             self.forward(missing[i:i + PREFILL_CHUNK], logits_to_keep=1)
         return len(missing)
+
+
+def read_ahead(runner: ModelRunner, ids: list[int], document: str, cancel: CancelToken) -> int:
+    """Idle work: extend the stored cache for `document` to hold ids[:-1], as the request that will
+    send these ids needs it. A cancel stops it between chunks and keeps what was read. Returns the
+    tokens read."""
+    reused = runner.start(ids, document, cancel)
+    try:
+        runner.sync(ids, cancel)
+    except Cancelled:
+        pass
+    except BaseException:
+        runner.discard()
+        raise
+    read = len(runner.tokens) - reused
+    runner.finish()
+    return read

@@ -100,17 +100,28 @@ class SuggestionCounts:
     alternatives_shown: int = 0
     alternatives_accepted: int = 0  # whole or in part
     partial_by_kind: dict[str, int] = field(default_factory=dict)  # "word" / "line" / "other"
+    prefetched: int = 0  # next suggestions computed in idle time after one was shown
+    skipped_mid_word: int = 0  # automatic requests answered with nothing: the cursor was inside a word
 
     def to_dict(self) -> dict:
         return {"shown": self.shown, "instant": self.instant, "accepted": self.accepted,
                 "partiallyAccepted": self.partially_accepted, "acceptedChars": self.accepted_chars,
                 "alternativesShown": self.alternatives_shown,
                 "alternativesAccepted": self.alternatives_accepted,
-                "partiallyAcceptedBy": dict(self.partial_by_kind)}
+                "partiallyAcceptedBy": dict(self.partial_by_kind), "prefetched": self.prefetched,
+                "skippedMidWord": self.skipped_mid_word}
 
 
 PARTIAL_KINDS = ("word", "line", "other")
 ITEMS_REMEMBERED = 256  # sent items whose acceptance the server can still use
+
+
+def mid_word(line_after: str) -> bool:
+    """The rule for keystrokes not worth a generation: an automatic request with the cursor right
+    before a letter, digit or underscore is inside a word (editing an identifier, not writing new
+    code). Editors do not show inline suggestions there, or the user types over them; an explicit
+    invoke is still answered."""
+    return bool(line_after) and (line_after[0].isalnum() or line_after[0] == "_")
 
 
 def cursor_line(prefix: str, suffix: str) -> tuple[str, str]:
@@ -150,7 +161,10 @@ class Completions:
             return None
         cursor = self._cursor(doc, position, selected)
         self.documents.touch(uri)
-        request = self._request(doc, cursor.prefix, cursor.suffix, settings)
+        if not invoked and mid_word(cursor.line_after):
+            self.counts.skipped_mid_word += 1
+            return None
+        request = self.request_at(doc, cursor.prefix, cursor.suffix, settings)
         use_memory = selected is None  # a popup selection is hypothetical text: don't remember it
         # Asked for by hand: the user waits for a choice, so no instant answer from type-ahead.
         if invoked and settings.alternatives > 1:
@@ -208,6 +222,8 @@ class Completions:
         suggestion = self._shaped(cursor, result.text, instant=False)
         if suggestion is not None and use_memory:
             self.typeahead.remember(cursor.doc.uri, cursor.prefix, cursor.suffix, suggestion.text)
+            if self.settings().idle_work:
+                self._run_in_background(self._prefetch_after(cursor, suggestion))
         others: list[Suggestion] = []
         for text in result.alternatives:
             other = self._shaped(cursor, text, instant=False, alternative=True)
@@ -226,7 +242,7 @@ class Completions:
             return None
         return self._suggestion(cursor, edit, instant, alternative)
 
-    def _request(self, doc: OpenDocument, prefix: str, suffix: str, settings: Settings) -> CompletionRequest:
+    def request_at(self, doc: OpenDocument, prefix: str, suffix: str, settings: Settings) -> CompletionRequest:
         folders = self.workspace_folders()
         engine = settings.engine
         context = select_context(self.documents, doc, folders,
@@ -235,11 +251,12 @@ class Completions:
             prefix=prefix, suffix=suffix, path=display_path(doc.uri, folders), document=doc.uri,
             language=doc.language_id, context=tuple(context), max_tokens=engine.max_tokens,
             context_tokens=engine.context_tokens, scope=settings.scope, drafter=engine.drafter,
-            temperature=settings.temperature, draft_hint=self.typeahead.draft_hint(doc.uri, prefix))
+            temperature=settings.temperature, draft_hint=self.typeahead.draft_hint(doc.uri, prefix),
+            time_limit_s=settings.max_time_ms / 1000 if settings.max_time_ms else None)
 
-    def _submit(self, request: CompletionRequest, version: int):
+    def _submit(self, request: CompletionRequest, version: int, idle: bool = False):
         try:
-            return self.host.submit(request, version)
+            return self.host.submit(request, version, idle=idle)
         except EngineNotReady:
             return None
         except Exception:
@@ -259,6 +276,29 @@ class Completions:
         edit = shape(result.text, cursor.line_before, cursor.line_after, cursor.indent)
         if edit is not None:
             self.typeahead.remember(doc.uri, cursor.prefix, cursor.suffix, edit.text)
+
+    async def _prefetch_after(self, cursor: _Cursor, shown: Suggestion) -> None:
+        """Idle work after a suggestion is shown: the next one, as if it were accepted. When the user
+        takes it and the editor asks at the end of it, type-ahead answers from this at once (and the
+        engine verifies it as a draft hint in one forward). A request the user waits for cancels it."""
+        doc, settings = cursor.doc, self.settings()
+        prefix = doc.text[:cursor.start] + shown.text
+        suffix = doc.text[doc.offset_at(shown.range.end, self.documents.encoding):]
+        job = self._submit(self.request_at(doc, prefix, suffix, settings), cursor.version, idle=True)
+        if job is None:
+            return
+        try:
+            result = await job
+        except Exception:
+            log.debug("prefetch failed for %s", doc.uri, exc_info=True)
+            return
+        if result.stats.stopped == "cancelled":
+            return
+        line_before, line_after = cursor_line(prefix, suffix)
+        edit = shape(result.text, line_before, line_after, cursor.indent)
+        if edit is not None and edit.text:
+            self.counts.prefetched += 1
+            self.typeahead.remember(doc.uri, prefix, suffix, edit.text)
 
     def _run_in_background(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)

@@ -5,7 +5,7 @@ Editors send these keys (camelCase, as in editor settings files), either at the 
 `draftwise` section:
 
     target, draft, drafter, maxTokens, device, dtype, weights, draftWeights, temperature, contextTokens,
-    languages, scope, alternatives
+    languages, scope, alternatives, idleWork, maxTimeMs
 
 A bad value never takes the server down: that key keeps its previous value and the problem comes back
 as one clear sentence for the user. Unknown keys are ignored (and logged by the caller).
@@ -26,6 +26,7 @@ MAX_TOKENS_LIMIT = 4096
 CONTEXT_TOKENS_RANGE = (64, 131072)
 TEMPERATURE_RANGE = (0.0, 2.0)
 ALTERNATIVES_RANGE = (1, 10)
+MAX_TIME_MS_RANGE = (0, 600_000)
 
 # Changing any of these means different weights: the engine reloads. (The prompt budget, drafter,
 # max tokens and temperature travel with each request.)
@@ -39,6 +40,8 @@ class Settings:
     languages: tuple[str, ...] | None = None  # LSP language ids to complete in; None: all
     scope: str = "auto"  # passed to the engine with each request
     alternatives: int = 3  # most items for an explicitly invoked completion (the greedy one included)
+    idle_work: bool = True  # read prompts ahead while the user types, prefetch after a suggestion is shown
+    max_time_ms: int = 0  # stop a suggestion's generation after this long and show what is complete; 0: no cap
 
     def serves_language(self, language_id: str) -> bool:
         return self.languages is None or language_id in self.languages
@@ -106,6 +109,12 @@ def _device(key: str, value: Any) -> str:
     return value.strip()
 
 
+def _bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _Bad(f"must be true or false, got {value!r}")
+    return value
+
+
 def _languages(key: str, value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -130,6 +139,8 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "languages": (_languages, "languages"),
     "scope": (_choice(SCOPES), "scope"),
     "alternatives": (_int_range(*ALTERNATIVES_RANGE), "alternatives"),
+    "idleWork": (_bool, "idle_work"),
+    "maxTimeMs": (_int_range(*MAX_TIME_MS_RANGE), "max_time_ms"),
 }
 KNOWN_KEYS = tuple(_KEYS)
 

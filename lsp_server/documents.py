@@ -73,6 +73,9 @@ class OpenDocument:
     version: int
     text: str
     last_used: int = 0  # a store-wide counter value: larger is more recent
+    # Where the last edit ended, as a code-point offset: most likely the cursor (typing inserts at the
+    # cursor and leaves it after the text). None after a whole-document change.
+    edit_end: int | None = None
     _lines: tuple[list[int], list[int]] | None = field(default=None, repr=False)
 
     def _line_table(self) -> tuple[list[int], list[int]]:
@@ -116,8 +119,10 @@ class OpenDocument:
             if end < start:
                 raise ValueError(f"change range ends before it starts: {change.range}")
             self.text = self.text[:start] + change.text + self.text[end:]
+            self.edit_end = start + len(change.text)
         else:
             self.text = change.text
+            self.edit_end = None
         self._lines = None
 
 

@@ -114,11 +114,18 @@ class EngineHost:
 
     # ---- requests ------------------------------------------------------------------------------
 
-    def submit(self, request: CompletionRequest, version: int) -> Job:
-        """Queue a completion; the engine cancels this document's previous job (latest wins)."""
+    def submit(self, request: CompletionRequest, version: int, idle: bool = False) -> Job:
+        """Queue a completion; the engine cancels this document's previous job (latest wins).
+        idle: a prefetch nobody waits for, cancelled by any other request."""
         if not self.ready or self._engine is None:
             raise EngineNotReady(f"the model is not ready (state {self.state})")
-        return self._engine.submit(request, version=version)
+        return self._engine.submit(request, version=version, idle=idle)
+
+    def prepare(self, request: CompletionRequest) -> Job | None:
+        """Idle work: read this request's prompt into the caches ahead (None when no engine is ready)."""
+        if not self.ready or self._engine is None:
+            return None
+        return self._engine.prepare(request)
 
     def document_changed(self, document: str, version: int) -> None:
         """The document moved past the version its running job was made for: stop that job now."""
@@ -169,6 +176,8 @@ class EngineHost:
             "last": engine_stats.get("last"),
             "cumulative": engine_stats.get("cumulative", {}),
             "requests": engine_stats.get("requests", 0),
+            # idle work: prompt tokens read ahead, read-aheads and prefetches run, how many were cancelled
+            "idle": engine_stats.get("idle", {}),
         }
 
     # ---- shutdown ------------------------------------------------------------------------------

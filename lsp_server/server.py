@@ -23,6 +23,7 @@ from lsp_server.completions import (
 from lsp_server.config import KNOWN_KEYS, SECTION as SETTINGS_SECTION, Settings, apply_settings
 from lsp_server.documents import DocumentStore
 from lsp_server.engine_host import EngineHost
+from lsp_server.idle_work import IdlePrefill
 from lsp_server.progress import LoadProgress
 from lsp_server.protocol import DraftwiseProtocol, arrival_version
 
@@ -56,6 +57,7 @@ class DraftwiseServer(LanguageServer):
         self.engine_host = EngineHost(self.settings)
         self.completions = Completions(self.documents, self.engine_host, lambda: self.settings,
                                        self.workspace_folders)
+        self.idle_prefill = IdlePrefill(self.completions, self.engine_host, lambda: self.settings)
         self.client_has_inline_completion = False
         self.client_reads_markdown_docs = False
         self._pending_problems: list[str] = []
@@ -196,6 +198,7 @@ def _add_life_cycle(server: DraftwiseServer) -> None:
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: DraftwiseServer, params: None) -> None:
+        ls.idle_prefill.close()
         await ls.engine_host.close(wait_s=2.0)
 
 
@@ -208,8 +211,9 @@ def _add_document_sync(server: DraftwiseServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DraftwiseServer, params: types.DidChangeTextDocumentParams) -> None:
         doc = params.text_document
-        ls.documents.change(doc.uri, doc.version, params.content_changes)
+        changed = ls.documents.change(doc.uri, doc.version, params.content_changes)
         ls.engine_host.document_changed(doc.uri, doc.version)
+        ls.idle_prefill.document_changed(changed)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DraftwiseServer, params: types.DidCloseTextDocumentParams) -> None:

@@ -40,11 +40,6 @@ class TypeAheadMemory:
     def forget(self, document: str) -> None:
         self._shown.pop(document, None)
 
-    def shown(self, document: str) -> ShownSuggestion | None:
-        """The latest suggestion shown in the document."""
-        entries = self._shown.get(document)
-        return entries[-1] if entries else None
-
     def draft_hint(self, document: str, prefix: str) -> str:
         """The rest of a recent suggestion that `prefix` runs part-way along (typed into it, or deleted
         back into it), or ''. Looser than `continuation`: a wrong hint only costs a forward."""
@@ -61,15 +56,22 @@ class TypeAheadMemory:
     def continuation(self, document: str, prefix: str, suffix: str) -> str | None:
         """The rest of the shown suggestion if the document now reads `prefix + suffix` because the
         user typed its first characters (or typed nothing and asks again); None otherwise."""
-        shown = self.shown(document)
-        if shown is None or not prefix.startswith(shown.prefix):
-            return None
-        typed = prefix[len(shown.prefix):]
-        if not shown.text.startswith(typed) or len(typed) >= len(shown.text):
-            return None
-        if not suffix.endswith(shown.suffix):
-            return None
-        inserted_right = suffix[: len(suffix) - len(shown.suffix)]
-        if any(ch not in AUTO_INSERTED for ch in inserted_right):
-            return None
-        return shown.text[len(typed):]
+        for shown in reversed(self._shown.get(document, ())):  # the latest first (a prefetch is latest)
+            rest = _typed_along(shown, prefix, suffix)
+            if rest is not None:
+                return rest
+        return None
+
+
+def _typed_along(shown: ShownSuggestion, prefix: str, suffix: str) -> str | None:
+    if not prefix.startswith(shown.prefix):
+        return None
+    typed = prefix[len(shown.prefix):]
+    if not shown.text.startswith(typed) or len(typed) >= len(shown.text):
+        return None
+    if not suffix.endswith(shown.suffix):
+        return None
+    inserted_right = suffix[: len(suffix) - len(shown.suffix)]
+    if any(ch not in AUTO_INSERTED for ch in inserted_right):
+        return None
+    return shown.text[len(typed):]

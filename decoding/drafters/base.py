@@ -59,3 +59,7 @@ class Drafter:
 
     def clear(self) -> None:
         """Forget what is kept across requests (caches); the next request starts cold."""
+
+    def prepare(self, prompt_ids: list[int], document: str, cancel) -> int:
+        """Idle time before a request: read what it will need (a model's KV cache). Returns tokens read."""
+        return 0

@@ -11,7 +11,7 @@ import time
 import torch
 
 from decoding.drafters.base import Draft, DraftContext, Drafter, Offer
-from decoding.runner import ModelRunner
+from decoding.runner import ModelRunner, read_ahead
 
 
 class ModelDrafter(Drafter):
@@ -86,3 +86,6 @@ class ModelDrafter(Drafter):
 
     def clear(self) -> None:
         self.runner.store.clear()
+
+    def prepare(self, prompt_ids: list[int], document: str, cancel) -> int:
+        return read_ahead(self.runner, prompt_ids, document, cancel)

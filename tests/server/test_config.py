@@ -17,6 +17,7 @@ def test_every_documented_key_is_applied():
         "target": "/models/x", "draft": "qwen2.5-coder-0.5b", "drafter": "lookup", "maxTokens": 32,
         "device": "cuda:1", "dtype": "bfloat16", "temperature": 0.2, "contextTokens": 2048,
         "languages": ["python", "rust"], "scope": "line", "weights": "int8", "draftWeights": "int4",
+        "idleWork": False, "maxTimeMs": 750,
     })
     assert update.problems == [] and update.ignored == []
     s = update.settings
@@ -25,6 +26,7 @@ def test_every_documented_key_is_applied():
     assert (s.engine.device, s.engine.dtype, s.engine.context_tokens) == ("cuda:1", "bfloat16", 2048)
     assert (s.temperature, s.languages, s.scope) == (0.2, ("python", "rust"), "line")
     assert (s.engine.weights, s.engine.draft_weights) == ("int8", "int4")
+    assert (s.idle_work, s.max_time_ms) == (False, 750)
     assert Settings().needs_reload(s)  # other weights are other models
     assert s.serves_language("rust") and not s.serves_language("go")
 
@@ -44,7 +46,8 @@ def _value_of(settings: Settings, key: str):
             "drafter": settings.engine.drafter, "dtype": settings.engine.dtype, "device": settings.engine.device,
             "target": settings.engine.target, "languages": settings.languages,
             "contextTokens": settings.engine.context_tokens, "scope": settings.scope,
-            "weights": settings.engine.weights, "draftWeights": settings.engine.draft_weights}[key]
+            "weights": settings.engine.weights, "draftWeights": settings.engine.draft_weights,
+            "idleWork": settings.idle_work, "maxTimeMs": settings.max_time_ms}[key]
 
 
 @pytest.mark.parametrize("key,value,words", [
@@ -64,6 +67,8 @@ def _value_of(settings: Settings, key: str):
     ("languages", "python", "list of language ids"),
     ("contextTokens", 10, "whole number from 64"),
     ("scope", "paragraph", "one of auto, line, block, full"),
+    ("idleWork", "yes", "true or false"),
+    ("maxTimeMs", -5, "whole number from 0"),
 ])
 def test_bad_values_keep_the_previous_value_with_a_clear_message(key, value, words):
     before = Settings(engine=EngineConfig(max_tokens=48))
@@ -129,7 +134,8 @@ def test_the_settings_tables_list_every_key(doc, heading):
 def test_the_protocol_says_which_settings_reload_the_models():
     values = {"target": "/other", "draft": "/other-draft", "device": "cpu", "dtype": "float32",
               "weights": "int8", "draftWeights": "int4", "contextTokens": 512, "drafter": "none",
-              "maxTokens": 8, "temperature": 0.5, "languages": ["go"], "scope": "line", "alternatives": 5}
+              "maxTokens": 8, "temperature": 0.5, "languages": ["go"], "scope": "line", "alternatives": 5,
+              "idleWork": False, "maxTimeMs": 800}
     assert set(values) == set(KNOWN_KEYS)
     table = documented_settings(REPO_ROOT / "lsp_server/PROTOCOL.md", "## Settings")
     for key, value in values.items():
