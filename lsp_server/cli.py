@@ -1,4 +1,4 @@
-"""The `draftwise` command: serve, complete, bench, models."""
+"""The `draftwise` command: serve, complete, bench, replay, models."""
 from __future__ import annotations
 
 import argparse
@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_bench_arguments = None
     if add_bench_arguments:
         add_bench_arguments(b)
+
+    r = sub.add_parser("replay", help="type real files back through the server and measure time to suggestion")
+    add_model_flags(r)
+    from lsp_server.replay.cli import add_arguments as add_replay_arguments
+
+    add_replay_arguments(r)
 
     m = sub.add_parser("models", help="the offline model pack")
     msub = m.add_subparsers(dest="models_command", required=True)
@@ -195,13 +201,20 @@ def cmd_bench(args) -> int:
     return run(args)
 
 
+def cmd_replay(args) -> int:
+    from lsp_server.replay.cli import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         setup_logging(args.debug, args.log_file, logging.INFO)
     else:
         setup_logging(args.debug)
-    handlers = {"serve": cmd_serve, "complete": cmd_complete, "bench": cmd_bench, "models": cmd_models}
+    handlers = {"serve": cmd_serve, "complete": cmd_complete, "bench": cmd_bench, "replay": cmd_replay,
+                "models": cmd_models}
     try:
         return handlers[args.command](args)
     except DraftwiseError as exc:

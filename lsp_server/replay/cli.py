@@ -1,0 +1,76 @@
+"""`draftwise replay FILE... [--idle on|off|both] [--chars N] [--json OUT]`"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lsp_server.replay import corpus, report
+from lsp_server.replay.editor import CLIENTS
+from lsp_server.replay.runs import make_replay, run_draftwise
+
+IDLE_RUNS = {"on": (True,), "off": (False,), "both": (False, True)}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("files", nargs="*", metavar="FILE", help=f"source files to type back (default: "
+                   f"{corpus.DEFAULT_FILES} installed files, several languages)")
+    p.add_argument("--idle", choices=tuple(IDLE_RUNS), default="both",
+                   help="idle prefill + prefetch (the idleWork setting) on, off, or both side by side "
+                        "(default: %(default)s)")
+    p.add_argument("--chars", type=int, default=300, metavar="N",
+                   help="characters typed per file (default: %(default)s)")
+    p.add_argument("--client", choices=(*CLIENTS, "mixed"), default="mixed",
+                   help="whose debounce and display rules: vscode, neovim, or mixed (files alternate) "
+                        "(default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the file choice, regions and timing (default: %(default)s)")
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="divide every typing delay by this (tests type fast; default: %(default)s)")
+    p.add_argument("--llamacpp", choices=("auto", "off"), default="auto",
+                   help="also try llama.cpp's /infill on the same GGUF when the extra is installed "
+                        "(default: %(default)s)")
+    p.add_argument("--json", dest="json_path", metavar="OUT", help="write every figure to OUT")
+
+
+def serve_args(args) -> list[str]:
+    """The model flags of `draftwise serve`, from the same flags given to `replay`."""
+    out = ["--target", args.target, "--drafter", args.drafter, "--max-tokens", str(args.max_tokens),
+           "--device", args.device, "--dtype", args.dtype, "--weights", args.weights,
+           "--draft-weights", args.draft_weights, "--context-tokens", str(args.context_tokens)]
+    if args.draft:
+        out += ["--draft", args.draft]
+    if args.trust_remote_code:
+        out.append("--trust-remote-code")
+    return out
+
+
+def _profiles(name: str, count: int) -> list:
+    order = list(CLIENTS.values())
+    return [CLIENTS[name] if name in CLIENTS else order[i % len(order)] for i in range(count)]
+
+
+def run(args) -> int:
+    if args.chars < 1 or args.speed <= 0:
+        raise corpus.CorpusError("--chars must be at least 1 and --speed positive")
+    regions = (corpus.regions_of([Path(f) for f in args.files], args.chars, args.seed) if args.files
+               else corpus.default_regions(args.chars, args.seed))
+    replay = make_replay(regions, _profiles(args.client, len(regions)), args.seed, args.speed)
+    say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - progress on stderr; the table owns stdout
+    data = {"settings": {"target": args.target, "chars_per_file": args.chars, "client": args.client,
+                         "seed": args.seed, "speed": args.speed, "idle": args.idle,
+                         "debounce_ms": {c.name: round(c.debounce_s * 1000) for c in CLIENTS.values()}},
+            "machine": report.machine_info(), "versions": report.versions(), "date": report.stamp(),
+            "files": [{"path": r.path, "language": r.language, "line": r.line, "chars": len(r.text)} for r in regions],
+            "runs": {}, "not_run": {}}
+    for idle in IDLE_RUNS[args.idle]:
+        data["runs"]["on" if idle else "off"] = run_draftwise(replay, serve_args(args), idle, say)
+    if args.llamacpp == "auto":
+        from lsp_server.replay.llamacpp_infill import infill_status
+
+        status = infill_status(args.target)
+        (data["runs"] if status["run"] else data["not_run"])["llamacpp"] = status
+    report.print_table(data)
+    if args.json_path:
+        report.write_json(data, args.json_path)
+    return 0

@@ -1,0 +1,101 @@
+"""One replay run (every file, one backend) and the figures it reports."""
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from decoding.bench.metrics import percentile
+from lsp_server.replay.corpus import Region
+from lsp_server.replay.draftwise_backend import DraftwiseBackend
+from lsp_server.replay.editor import ClientProfile, Document, FileResult, TypingSession
+from lsp_server.replay.keystrokes import Keystroke, plan_keystrokes
+
+SETTLE_S = 1.0  # after the last keystroke: what it started still counts as compute for typing
+SHOWN_WITHIN_S = 1.0
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The same for every run compared: files, keystrokes and timing, client per file."""
+
+    regions: Sequence[Region]
+    plans: Sequence[list[Keystroke]]
+    profiles: Sequence[ClientProfile]
+    speed: float = 1.0
+
+
+def make_replay(regions: Sequence[Region], profiles: Sequence[ClientProfile], seed: int, speed: float) -> Replay:
+    plans = [plan_keystrokes(r.text, random.Random(f"{seed}:{i}"), speed) for i, r in enumerate(regions)]
+    return Replay(regions, plans, profiles, speed)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _share(part: int, whole: int) -> float | None:
+    return round(part / whole, 4) if whole else None
+
+
+def summarize(results: Sequence[FileResult], compute_s: float | None) -> dict:
+    """The run's figures. Pause percentiles are over the pauses in which a suggestion appeared;
+    `shown_within_1s_share` is over all pauses (a pause with nothing shown counts as a miss)."""
+    latencies = [x for r in results for x in r.pause_latencies_s]
+    seen = [x for x in latencies if x is not None]
+    chars = sum(r.chars for r in results)
+    total = {k: sum(getattr(r, k) for r in results)
+             for k in ("typed_chars", "accepted_chars", "shown", "accepted", "requests", "cancelled")}
+    return {
+        "pause_to_suggestion_ms_p50": _ms(percentile(seen, 50)),
+        "pause_to_suggestion_ms_p95": _ms(percentile(seen, 95)),
+        "shown_within_1s_share": _share(sum(x <= SHOWN_WITHIN_S for x in seen), len(latencies)),
+        "accepted_share": _share(total["accepted"], total["shown"]),
+        "chars_saved_share": _share(total["accepted_chars"], chars),
+        "compute_s_per_char": None if compute_s is None or not chars else round(compute_s / chars, 4),
+        "pauses": len(latencies), "pauses_with_suggestion": len(seen), "chars": chars, **total,
+        "compute_s": None if compute_s is None else round(compute_s, 2),
+    }
+
+
+def type_files(backend, replay: Replay, workspace: Path) -> list[FileResult]:
+    results = []
+    for i, (region, plan, profile) in enumerate(zip(replay.regions, replay.plans, replay.profiles)):
+        name = f"{i}-{Path(region.path).name}"
+        doc = Document(uri=(workspace / name).as_uri(), language=region.language,
+                       text=region.prefix + region.suffix, cursor=len(region.prefix))
+        result = FileResult(region.path, region.language, profile.name, len(region.text))
+        results.append(TypingSession(backend, doc, region.text, plan, profile, result, replay.speed).run())
+    return results
+
+
+def by_client(results: Sequence[FileResult]) -> dict:
+    names = sorted({r.client for r in results})
+    return {n: summarize([r for r in results if r.client == n], None) for n in names}
+
+
+def run_draftwise(replay: Replay, serve_args: list[str], idle: bool, say=print) -> dict:
+    """Start a server with idle work on or off, type every file, stop it."""
+    with tempfile.TemporaryDirectory(prefix="draftwise-replay-") as tmp:
+        workspace = Path(tmp) / "workspace"
+        workspace.mkdir()
+        backend = DraftwiseBackend(serve_args, idle, workspace, Path(tmp) / "server.log")
+        try:
+            say(f"idle work {'on' if idle else 'off'}: loading the model ...")
+            loaded = backend.start()
+            cpu0 = backend.cpu_seconds()
+            say(f"idle work {'on' if idle else 'off'}: typing {len(replay.regions)} files ...")
+            results = type_files(backend, replay, workspace)
+            time.sleep(SETTLE_S / replay.speed)
+            compute_s = backend.cpu_seconds() - cpu0
+            stats, known = backend.stats(), backend.idle_setting_known()
+        finally:
+            backend.stop()
+    return {**summarize(results, compute_s), "by_client": by_client(results),
+            "settings": {"idleWork": idle, "idle_setting_known_to_server": known,
+                         "weights": loaded.get("weights"), "drafter": loaded.get("drafter"),
+                         "device": loaded.get("device")},
+            "server_suggestions": stats.get("suggestions"), "files": [r.to_dict() for r in results]}

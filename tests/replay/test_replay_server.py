@@ -1,0 +1,44 @@
+"""`draftwise replay` end to end: a small file typed through real `draftwise serve` processes (the
+tiny model), idle work off and on side by side, and the JSON it writes."""
+from __future__ import annotations
+
+import json
+
+from lsp_server.cli import main
+
+RUN_KEYS = ("pause_to_suggestion_ms_p50", "pause_to_suggestion_ms_p95", "shown_within_1s_share",
+            "accepted_share", "chars_saved_share", "compute_s_per_char")
+
+
+def small_file(tmp_path):
+    body = "\n".join(f"def step_{i}(value):\n    result = value * {i} + {i}\n    return result\n" for i in range(30))
+    path = tmp_path / "steps.py"
+    path.write_text(body + "\n\nprint(step_3(2))\n")
+    return path
+
+
+def test_replay_types_a_file_through_the_server_and_reports_each_run(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "replay.json"
+    code = main(["replay", str(small_file(tmp_path)), "--target", str(tiny_model_dir), "--weights", "fp32",
+                 "--max-tokens", "4", "--chars", "30", "--speed", "1.5", "--idle", "both", "--llamacpp", "off",
+                 "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert set(data["runs"]) == {"on", "off"}
+    assert data["files"] == [{"path": "steps.py", "language": "python", "line": data["files"][0]["line"],
+                              "chars": data["files"][0]["chars"]}]
+    assert data["machine"]["cores"] >= 1 and data["versions"]["pygls"]
+    for name, run in data["runs"].items():
+        assert all(key in run for key in RUN_KEYS)
+        assert run["settings"]["idleWork"] == (name == "on")
+        assert run["pauses"] >= 1 and run["requests"] >= 1
+        assert run["chars"] == data["files"][0]["chars"] >= 30
+        assert run["typed_chars"] + run["accepted_chars"] == run["chars"]
+        assert run["accepted"] <= run["shown"] <= run["requests"]
+        for key in ("shown_within_1s_share", "chars_saved_share", "accepted_share"):
+            assert run[key] is None or 0 <= run[key] <= 1
+        assert run["compute_s_per_char"] > 0  # the server did read prompts and decode
+        assert run["server_suggestions"]["shown"] >= run["shown"]  # the server sent at least what was shown
+        p50, p95 = run["pause_to_suggestion_ms_p50"], run["pause_to_suggestion_ms_p95"]
+        assert (p50 is None) == (p95 is None) and (p50 is None or 0 <= p50 <= p95)
+    assert "draftwise replay" in capsys.readouterr().out  # the table, on the tool's stdout
