@@ -356,8 +356,9 @@ class Engine:
                             break  # leaving the block closes the stream: the server stops
                     if chunk.finish_reason:
                         stats.stopped = "max_tokens" if chunk.finish_reason == "length" else "eos"
-            if not stats.stopped:
-                stats.stopped = "eos"
+            if not stats.stopped:  # servers end every answer with a finish reason; this one was cut off
+                raise backends.RemoteProblem(backends.UNREACHABLE, f"the inference server at {self.spec.url} "
+                                                                   "ended its answer early (did it stop?)")
             self._set_health(OK, None)
         except asyncio.CancelledError:
             if not job.cancel_token.cancelled and job.reason != "time_limit":
