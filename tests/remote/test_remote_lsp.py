@@ -32,7 +32,8 @@ def outside(tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client(engine, workspace):
-    async with lsp_session(["--target", engine.target()], workspace=workspace,
+    # A generous deadline: on a loaded 2-core machine the engine's first token can take many seconds.
+    async with lsp_session(["--target", engine.target(options="timeout=180")], workspace=workspace,
                            capabilities=client_capabilities(encodings=["utf-16"]),
                            initialization_options={"maxTokens": MAX_TOKENS}) as (client, _):
         s = await wait_for_state(client)
