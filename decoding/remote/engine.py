@@ -50,8 +50,11 @@ class RemoteRequestStats(RequestStats):
 class RemoteJob:
     """One submitted request: cancel it from any thread, await it from asyncio (as engine.Job)."""
 
-    def __init__(self, request: CompletionRequest, cancel: CancelToken | None = None):
+    def __init__(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
+                 idle: bool = False):
         self.request = request
+        self.version = version  # the document version the request was made for
+        self.idle = idle
         self.cancel_token = cancel or CancelToken()
         self.future: concurrent.futures.Future = concurrent.futures.Future()
         self.reason = "cancelled"  # what the task's cancellation means: "cancelled" or "time_limit"
@@ -259,9 +262,16 @@ class Engine:
         return self.prompts.build(_valid_text(request.prefix), _valid_text(request.suffix), request.path, context,
                                   budget=request.context_tokens).ids
 
-    def submit(self, request: CompletionRequest, cancel: CancelToken | None = None) -> RemoteJob:
+    def submit(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
+               idle: bool = False) -> RemoteJob:
+        """version: the document version the request was made for (see document_changed). idle: a
+        prefetch nobody waits for; a remote engine keeps no cache to warm, so it ends at once."""
         self._require_ready()
-        job = RemoteJob(request, cancel)
+        job = RemoteJob(request, cancel, version, idle)
+        if idle:
+            job.cancel_token.cancel()
+            job.future.set_result(CompletionResult("", RemoteRequestStats(drafter="remote", stopped="cancelled")))
+            return job
         with self._lock:
             previous = self._jobs.get(request.document)
             self._jobs[request.document] = job
@@ -278,6 +288,29 @@ class Engine:
 
         loop.call_soon_threadsafe(start)
         return job
+
+    def prepare(self, request: CompletionRequest) -> None:
+        """Idle work: nothing to read ahead here (the server keeps its own prompt cache)."""
+        return None
+
+    def document_changed(self, document: str, version: int) -> None:
+        """The document moved past the version its running job was made for: close that stream now."""
+        with self._lock:
+            job = self._jobs.get(document)
+        if job is not None and job.version < version:
+            job.cancel()
+
+    def document_closed(self, document: str) -> None:
+        with self._lock:
+            job = self._jobs.get(document)
+        if job is not None:
+            job.cancel()
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.cancel()
 
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
         return self.submit(request, cancel).result()
