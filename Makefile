@@ -7,8 +7,9 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 PRESET ?= qwen2.5-coder-0.5b
 STAMP  := $(VENV)/.installed
+REMOTE_STAMP := $(VENV)/.installed-remote
 
-.PHONY: setup models demo test test-fast test-editors test-reliability bench clean
+.PHONY: setup models demo test test-fast test-editors test-reliability test-remote bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +26,20 @@ demo: models
 	$(BIN)/python examples/demo.py
 
 test: models
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow and not remote"
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow and not real_model"
+	$(BIN)/python -m pytest -m "not slow and not real_model and not remote"
+
+# The remote backend against a real engine (llama-cpp-python's server). The first install builds
+# llama.cpp from source (~12 minutes on 2 cores); pip keeps the built wheel in its cache outside the
+# clone (~/.cache/pip), so later installs take seconds.
+$(REMOTE_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,remote,remote-test]'
+	touch $(REMOTE_STAMP)
+
+test-remote: models $(REMOTE_STAMP)
+	$(BIN)/python -m pytest -m remote tests/remote
 
 test-editors: models
 	bash tests/editors/run.sh

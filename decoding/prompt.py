@@ -60,6 +60,16 @@ def detect_template(tokenizer) -> FimTemplate:
     return PLAIN
 
 
+def valid_text(text: str) -> str:
+    """Editors can send lone UTF-16 surrogates; tokenizers and JSON encoders reject them. Replace
+    them, keep the rest."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def end_token_ids(tokenizer, template: FimTemplate) -> set[int]:
     vocab = tokenizer.get_vocab()
     ids = {vocab[t] for t in template.end_tokens if t in vocab}

@@ -22,16 +22,9 @@ class RequestPlan:
     stats: RequestStats
 
 
-def valid_text(text: str) -> str:
-    """Editors can send lone UTF-16 surrogates; tokenizers reject them. Replace them, keep the rest."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-
-
 def build_prompt(models: LoadedModels, request: CompletionRequest) -> list[int]:
+    from decoding.prompt import valid_text
+
     context = [replace(f, text=valid_text(f.text)) for f in request.context]
     return models.prompts.build(valid_text(request.prefix), valid_text(request.suffix), request.path, context,
                                 budget=request.context_tokens).ids

@@ -12,10 +12,11 @@ import importlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from decoding.api import CompletionRequest
 from decoding.errors import DraftwiseError, EngineNotReady
+from decoding.remote import engine_module
 from lsp_server.config import Settings
 from lsp_server.progress import LoadProgress
 
@@ -35,6 +36,8 @@ class EngineHost:
         self._engine: Engine | None = None
         self._closed = False  # shut down: load nothing more
         self._load_lock = asyncio.Lock()
+        # Told (on the event loop) when a remote engine's server fails or comes back: (level, sentence).
+        self.on_notice: Callable[[str, str], None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -74,9 +77,11 @@ class EngineHost:
             if progress is not None:
                 await progress.begin(f"loading {config.target}")
             # Importing the engine pulls in torch and transformers (seconds): off the event loop.
-            engine_module = await loop.run_in_executor(None, importlib.import_module, "decoding.engine")
+            module = await loop.run_in_executor(None, importlib.import_module, engine_module(config.target))
             if not self._closed:  # shutdown during the import: load nothing
-                self._engine = engine_module.Engine(config)
+                self._engine = module.Engine(config)
+                if hasattr(self._engine, "on_health"):  # a remote engine: its server's health changes
+                    self._engine.on_health = lambda level, text: loop.call_soon_threadsafe(self._notice, level, text)
                 await asyncio.wrap_future(self._engine.start_loading(on_progress))
         except DraftwiseError as err:
             self._fail(str(err))
@@ -96,6 +101,10 @@ class EngineHost:
         if progress is not None:
             progress.end("ready" if self.ready else "shut down" if self._closed else f"failed: {self.error}")
         return self.ready
+
+    def _notice(self, level: str, text: str) -> None:
+        if self.on_notice is not None and not self._closed:
+            self.on_notice(level, text)
 
     def _fail(self, why: str) -> None:
         if self._closed:  # a load that a shutdown interrupted did not fail
@@ -160,9 +169,12 @@ class EngineHost:
                 engine_stats = self._engine.stats()
             except Exception:
                 log.debug("engine.stats() failed", exc_info=True)
+        state, error, remote = self.state, self.error, engine_stats.get("remote")
+        if remote and state == READY and remote.get("problem"):
+            state, error = "unavailable", remote["problem"]  # a remote engine's server is down or refusing
         return {
-            "state": self.state,
-            "error": self.error,
+            "state": state,
+            "error": error,
             "target": info.get("target") or config.target,
             "draft": info.get("draft", config.draft),
             "drafter": config.drafter,
@@ -178,6 +190,7 @@ class EngineHost:
             "requests": engine_stats.get("requests", 0),
             # idle work: prompt tokens read ahead, read-aheads and prefetches run, how many were cancelled
             "idle": engine_stats.get("idle", {}),
+            "remote": remote,
         }
 
     # ---- shutdown ------------------------------------------------------------------------------

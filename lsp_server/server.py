@@ -55,6 +55,7 @@ class DraftwiseServer(LanguageServer):
         self.settings = Settings(engine=config)
         self.documents = DocumentStore()
         self.engine_host = EngineHost(self.settings)
+        self.engine_host.on_notice = self.show_engine_notice
         self.completions = Completions(self.documents, self.engine_host, lambda: self.settings,
                                        self.workspace_folders)
         self.idle_prefill = IdlePrefill(self.completions, self.engine_host, lambda: self.settings)
@@ -92,6 +93,11 @@ class DraftwiseServer(LanguageServer):
             self.window_show_message(types.ShowMessageParams(
                 type=types.MessageType.Error, message=" ".join(self._pending_problems)))
             self._pending_problems.clear()
+
+    def show_engine_notice(self, level: str, text: str) -> None:
+        """A remote engine's server failed or came back (once per change, never per request)."""
+        kind = types.MessageType.Error if level == "error" else types.MessageType.Info
+        self.window_show_message(types.ShowMessageParams(type=kind, message=f"draftwise: {text}"))
 
     def apply_configuration(self, raw: Any, where: str) -> None:
         self.settings = self.update_settings(raw, where)

@@ -62,6 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="prompt size of the typing simulation (default: 1000)")
     g.add_argument("--cancel-tries", type=_positive, default=6, metavar="N",
                    help="requests cancelled mid-run to count forwards after cancel; 0 skips it (default: 6)")
+    g.add_argument("--remote", metavar="TARGET",
+                   help="also run the `remote` mode: the same cases served by an inference server, e.g. "
+                        "openai:http://host:8000/v1#model (see README, serving from an inference engine)")
     g.add_argument("--llamacpp-threads", type=_positive, default=0, metavar="N",
                    help="llama.cpp threads (default: one per CPU core)")
     g.add_argument("--quality-cases", type=_positive, default=0, metavar="N",
@@ -188,6 +191,7 @@ def run(args) -> int:
         typing_cases=args.typing_cases, keystrokes=args.keystrokes, typing_prompt_tokens=args.typing_prompt_tokens,
         typing_drafter=typing_drafter, cancel_tries=args.cancel_tries,
         llamacpp_threads=args.llamacpp_threads or None, seed=args.seed, llama_goal=1.0 if draft else 1.3,
+        remote_target=getattr(args, "remote", None),
     )
     load_before = _load_average()
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:

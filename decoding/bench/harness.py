@@ -58,6 +58,7 @@ class BenchSettings:
     llamacpp_threads: int | None = None
     seed: int = 0
     llama_goal: float = 1.3  # auto's decode speed over llama.cpp plain that counts as met
+    remote_target: str | None = None  # the `remote` mode's inference server (decoding/remote)
 
 
 @dataclass
@@ -183,6 +184,7 @@ class Bench:
         self.result = BenchResult()
         self.llama = None  # LlamaCppWorker, started on first use
         self.llama_note: str | None = None
+        self.remote = None  # the remote engine, loaded when the `remote` mode is planned
         self.tag = f"{os.getpid()}-{int(time.time())}"
 
     # ---- which modes can run ----------------------------------------------------------------
@@ -200,6 +202,11 @@ class Bench:
                 note = self.engine.models.draft_note or "no --draft model given"
                 self.result.skipped[m] = f"needs a draft model ({note})"
                 continue
+            if m == "remote":
+                why = self._load_remote()
+                if why:
+                    self.result.skipped[m] = why
+                    continue
             if m in LLAMACPP_MODES:
                 if not llamacpp_baselines.available():
                     self.result.skipped[m] = "llama-cpp-python is not installed (pip install 'draftwise[llamacpp]')"
@@ -217,6 +224,31 @@ class Bench:
         if "hf-plain" not in runnable:
             raise ValueError("hf-plain is the reference every speedup is measured against; keep it in --modes")
         return runnable
+
+    def _load_remote(self) -> str | None:
+        """Load the remote engine (its tokenizer; the server must answer); None if fine, else why not."""
+        from dataclasses import replace
+
+        from decoding.remote import is_remote_target
+
+        target = self.s.remote_target
+        if not target:
+            return "no --remote TARGET given (an inference server, e.g. openai:http://host:8000/v1#model)"
+        if not is_remote_target(target):
+            return f"--remote {target} is not openai:URL#MODEL or llamacpp:URL"
+        if self.remote is None:
+            try:
+                from decoding.remote.engine import Engine as RemoteEngine
+
+                engine = RemoteEngine(replace(self.engine.config, target=target, max_tokens=self.s.max_tokens))
+                engine.load()
+            except Exception as exc:  # noqa: BLE001 - reported as a skipped mode
+                return f"the remote engine did not load: {exc}".splitlines()[0]
+            if engine.problem:
+                engine.close()
+                return engine.problem
+            self.remote = engine
+        return None
 
     def _llama(self):
         from decoding.bench.llamacpp_baselines import LlamaCppWorker, gguf_for
@@ -236,6 +268,12 @@ class Bench:
         mode, fmt = split_key(key)
         e = self.reference
         try:
+            if mode == "remote":  # the same request as the engine modes; the server runs it
+                rec = run_engine_mode(self.remote, case, mode, self.s.max_tokens,
+                                      f"bench://{self.tag}/{run}/{key}/{case.id}")
+                if rec.stopped == "error":
+                    rec.error = (self.remote.stats().get("last") or {}).get("error") or "the server failed"
+                return rec.score(case.expected)
             if mode in ENGINE_MODES:
                 rec = run_engine_mode(self.engines[fmt], case, mode, self.s.max_tokens,
                                       f"bench://{self.tag}/{run}/{key}/{case.id}")
@@ -267,7 +305,7 @@ class Bench:
         self.s.max_tokens = 4
         try:
             firsts = [m for m in modes if split_key(m)[0] == "none"]
-            for m in firsts + ["hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup"]:
+            for m in firsts + ["hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup", "remote"]:
                 if m in modes:
                     self.run_mode(case, m, prompt, "warmup")
         finally:
@@ -470,6 +508,8 @@ class Bench:
         finally:
             if self.llama is not None:
                 self.llama.close()
+            if self.remote is not None:
+                self.remote.close()
         if self.s.typing_cases > 0:
             self.result.typing = self.run_typing()
         if self.s.cancel_tries > 0:

@@ -13,11 +13,13 @@ FAMILY_PLAIN = {
     "hf-plain": "hf-plain", "hf-assisted": "hf-plain", "hf-lookup": "hf-plain",
     "none": "none", "lookup": "none", "model": "none", "auto": "none",
     "llamacpp-plain": "llamacpp-plain", "llamacpp-lookup": "llamacpp-plain",
+    "remote": "remote",  # an inference server (`--remote TARGET`): whatever drafting it does itself
 }
 HF_MODES = ("hf-plain", "hf-assisted", "hf-lookup")
 ENGINE_MODES = ("none", "lookup", "model", "auto")
 LLAMACPP_MODES = ("llamacpp-plain", "llamacpp-lookup")
-ALL_MODES = HF_MODES + ENGINE_MODES + LLAMACPP_MODES
+REMOTE_MODES = ("remote",)
+ALL_MODES = HF_MODES + ENGINE_MODES + LLAMACPP_MODES + REMOTE_MODES
 # Decode speed of a case that produced fewer tokens after the first one is mostly timer noise.
 MIN_DECODE_TOKENS = 4
 

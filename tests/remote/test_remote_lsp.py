@@ -1,0 +1,230 @@
+"""Inline completions through the real `draftwise serve` (over LSP, pytest-lsp) with the remote
+backend in front of a real inference engine (llama-cpp-python's server, see conftest.py): the text,
+stop rules, type-ahead, stats, cancellation, the client-side deadline and a wrong model name."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+from pygls.exceptions import JsonRpcException
+
+from conftest import MODEL_NAME, PRESET
+from lsp_harness import client_capabilities, inline_params, insert_change, lsp_session, open_document, stats, wait_for_state
+
+pytestmark = [pytest.mark.remote, pytest.mark.asyncio(loop_scope="module")]
+
+REQUEST_CANCELLED = -32800
+MAX_TOKENS = 48
+LONG = 400  # max tokens of the runs that are cancelled or cut by the deadline
+FIB = "def fib(n):\n    \"\"\"The n-th Fibonacci number.\"\"\"\n"
+PRIMES = "PRIMES = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29,"  # the model lists primes for hundreds of tokens
+
+
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory):
+    """Documents outside the workspace: no other file joins their prompt, so prompts are predictable."""
+    return tmp_path_factory.mktemp("outside")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(engine, workspace):
+    # A generous deadline: on a loaded 2-core machine the engine's first token can take many seconds.
+    async with lsp_session(["--target", engine.target(options="timeout=180")], workspace=workspace,
+                           capabilities=client_capabilities(encodings=["utf-16"]),
+                           initialization_options={"maxTokens": MAX_TOKENS}) as (client, _):
+        s = await wait_for_state(client)
+        assert s["state"] == "ready", s
+        yield client
+
+
+def configure(client, **settings) -> None:
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"draftwise": settings}))
+
+
+async def settled(client, requests: int, timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        s = await stats(client)
+        if s["requests"] >= requests or time.monotonic() > deadline:
+            return s
+        await asyncio.sleep(0.05)
+
+
+def engine_answer(engine, prefix: str, suffix: str, max_tokens: int) -> str:
+    """What the engine itself generates for draftwise's FIM prompt, asked directly (not streamed)."""
+    from transformers import AutoTokenizer
+
+    from decoding.models import pack
+    from decoding.models.specs import PRESETS
+    from decoding.prompt import PromptBuilder
+
+    tokenizer = AutoTokenizer.from_pretrained(str(pack.preset_dir(PRESETS[PRESET])))
+    builder = PromptBuilder(tokenizer, 1536)
+    prompt = tokenizer.decode(builder.build(prefix, suffix).ids, skip_special_tokens=False,
+                              clean_up_tokenization_spaces=False)
+    stop = [t for t in builder.template.end_tokens if t != builder.template.middle][:4]
+    reply = httpx.post(f"{engine.url}/completions", timeout=120, json={
+        "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "top_p": 1,
+        "repeat_penalty": 1.0, "stop": stop})
+    reply.raise_for_status()
+    return reply.json()["choices"][0]["text"]
+
+
+async def test_completion_is_the_engines_text_cut_by_the_stop_rules(client, engine, outside):
+    from decoding.stop_rules import StopRules
+    from lsp_server.postprocess import detect_indent, shape
+
+    uri = (outside / "fib.py").as_uri()
+    text = FIB + "\n\nprint(fib(10))\n"
+    open_document(client, uri, text)
+    before = await stats(client)
+    result = await client.text_document_inline_completion_async(inline_params(uri, 2, 0))
+    [item] = result.items
+    assert item.insert_text.strip()
+
+    # The same text, derived without draftwise's remote engine: the engine's whole answer to the same
+    # prompt, cut where the stop rules say, shaped for the editor.
+    prefix, suffix = FIB, text[len(FIB):]
+    raw = engine_answer(engine, prefix, suffix, MAX_TOKENS)
+    rules = StopRules.for_request(prefix, suffix, "python", "auto")
+    cut = rules.check(raw)
+    expected = raw[:cut] if cut is not None else raw[:rules.finish(raw)]
+    assert item.insert_text == shape(expected, "", "", detect_indent(text)).text
+
+    s = await stats(client)
+    last = s["last"]
+    assert s["requests"] == before["requests"] + 1
+    assert last["drafter"] == "remote" and last["stopped"] in ("stop_rule", "eos", "max_tokens")
+    assert 0 < last["first_token_ms"] <= last["prefill_ms"] + last["decode_ms"]
+    assert 0 < last["generated_tokens"] <= MAX_TOKENS and last["prompt_tokens"] > 10
+    assert s["timing"]["tokens"] == last["generated_tokens"]
+    assert s["remote"]["health"] == "ok" and s["remote"]["model"] == MODEL_NAME
+    assert s["state"] == "ready" and s["target"].startswith("openai:") and s["fimTemplate"] == "qwen2.5-coder"
+
+
+async def test_a_stop_rule_closes_the_stream_and_the_engine_stops(client, engine, outside):
+    """Mid-line the completion is the rest of the line: the stream closes at the newline, long before
+    max tokens, and the engine generates no more than a token after that."""
+    configure(client, maxTokens=LONG, scope="line")
+    try:
+        uri = (outside / "line.py").as_uri()
+        open_document(client, uri, "import os\n\nfor name in os.listdir(\n")
+        before = await stats(client)
+        started = time.monotonic()
+        result = await client.text_document_inline_completion_async(inline_params(uri, 2, 23))
+        answered = time.monotonic()
+        s = await settled(client, before["requests"] + 1)
+        await asyncio.sleep(1.5)  # time for any generation that went on after the stream closed
+        last = s["last"]
+        assert last["stopped"] == "stop_rule", last
+        for item in result.items:
+            assert "\n" not in item.insert_text
+        decoded = [e for e in engine.evals(started) if e["tokens"] == 1]
+        assert len(decoded) < LONG // 4, f"the engine went on generating: {len(decoded)} tokens"
+        assert len([e for e in decoded if e["start"] > answered]) <= 1, "the engine went on after the stop"
+        assert all(e["start"] < answered + 1.0 for e in decoded), "the engine generated >1 s after the stop"
+    finally:
+        configure(client, maxTokens=MAX_TOKENS, scope="auto")
+
+
+async def test_type_ahead_answers_from_the_suggestion_on_screen(client, outside):
+    uri = (outside / "typeahead.py").as_uri()
+    text = FIB + "\n\nprint(fib(10))\n"
+    open_document(client, uri, text)
+    [item] = (await client.text_document_inline_completion_async(inline_params(uri, 2, 0))).items
+    suggestion = item.insert_text
+    typed = suggestion[:len(suggestion) - len(suggestion.lstrip(" ")) + 1]  # up to its first character
+    assert typed.strip() and "\n" not in typed, suggestion
+    client.text_document_did_change(insert_change(uri, 2, 2, 0, typed))
+    before = await stats(client)
+    started = time.monotonic()
+    [rest] = (await client.text_document_inline_completion_async(inline_params(uri, 2, len(typed)))).items
+    took = time.monotonic() - started
+    after = await stats(client)
+    assert rest.insert_text == suggestion[len(typed):]
+    assert after["suggestions"]["instant"] == before["suggestions"]["instant"] + 1
+    assert took < 0.5, f"type-ahead waited for the engine ({took:.2f} s)"
+
+
+async def test_cancel_request_stops_the_engine_within_a_second(client, engine, outside):
+    configure(client, maxTokens=LONG, scope="full")
+    try:
+        uri = (outside / "primes.py").as_uri()
+        open_document(client, uri, PRIMES)
+        before = await stats(client)
+        started = time.monotonic()
+        pending = asyncio.ensure_future(client.protocol.send_request_async(
+            types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, 0, len(PRIMES)), msg_id="cancel-remote"))
+        while len([e for e in engine.evals(started) if e["tokens"] == 1]) < 5:  # the engine is decoding
+            assert time.monotonic() - started < 60, "the engine never started decoding"
+            if pending.done():
+                raise AssertionError(f"the request ended before it was cancelled: {pending.result()} "
+                                     f"{(await stats(client))['last']}")
+            await asyncio.sleep(0.05)
+        client.cancel_request(types.CancelParams(id="cancel-remote"))
+        cancelled_at = time.monotonic()
+        with pytest.raises(JsonRpcException) as err:
+            await asyncio.wait_for(pending, timeout=10)
+        assert err.value.code == REQUEST_CANCELLED
+        last = (await settled(client, before["requests"] + 1))["last"]
+        assert last["stopped"] == "cancelled"
+        await asyncio.sleep(2.5)  # anything the engine still generates shows up in its log by now
+
+        decoded = [e for e in engine.evals(started) if e["tokens"] == 1]
+        after = [e for e in decoded if e["start"] > cancelled_at]
+        last_end = decoded[-1]["t"] - cancelled_at
+        print(f"engine decoded {len(decoded)} of {LONG} tokens, {len(after)} begun after the cancel; its last "
+              f"forward began {(decoded[-1]['start'] - cancelled_at) * 1000:.0f} ms and ended "
+              f"{last_end * 1000:.0f} ms after the cancel")
+        assert len(decoded) < LONG // 2
+        # A forward in progress cannot be interrupted; the engine must begin no more than one after the
+        # cancel (the one it began before it read the closed connection), and none a second later.
+        assert len(after) <= 1, after
+        assert all(e["start"] - cancelled_at < 1.0 for e in after), after
+    finally:
+        configure(client, maxTokens=MAX_TOKENS, scope="auto")
+
+
+async def test_the_client_side_deadline_stops_a_long_generation(engine, workspace, outside):
+    async with lsp_session(["--target", engine.target(options="timeout=2")], workspace=workspace,
+                           initialization_options={"maxTokens": LONG, "scope": "full"}) as (client, _):
+        await wait_for_state(client)
+        uri = (outside / "deadline.py").as_uri()
+        open_document(client, uri, PRIMES)
+        started = time.monotonic()
+        result = await asyncio.wait_for(
+            client.text_document_inline_completion_async(inline_params(uri, 0, len(PRIMES))), timeout=30)
+        answered = time.monotonic()
+        s = await stats(client)
+        assert s["last"]["stopped"] == "time_limit", s["last"]
+        assert result.items and result.items[0].insert_text.strip()  # what came before the deadline
+        assert answered - started < 2 + 1.0
+        await asyncio.sleep(2.0)
+        decoded = [e for e in engine.evals(started) if e["tokens"] == 1]
+        assert len(decoded) < LONG // 2
+        assert len([e for e in decoded if e["start"] > answered]) <= 1
+        assert decoded[-1]["start"] < answered + 1.0
+
+
+async def test_a_wrong_model_name_is_reported_and_nothing_else_breaks(engine, workspace, outside):
+    target = engine.target(model="no-such-model", options=f"tokenizer={PRESET}")
+    async with lsp_session(["--target", target], workspace=workspace) as (client, _):
+        s = await wait_for_state(client, ("ready", "failed", "unavailable"))
+        assert s["state"] == "unavailable", s
+        assert f"serves {MODEL_NAME}, not 'no-such-model'" in s["error"]
+        assert s["remote"]["health"] == "wrong_model"
+        for _ in range(100):
+            if client.messages:
+                break
+            await asyncio.sleep(0.05)
+        assert any("no-such-model" in m.message and m.type == types.MessageType.Error for m in client.messages)
+        uri = (outside / "wrong.py").as_uri()
+        open_document(client, uri, FIB)
+        result = await client.text_document_inline_completion_async(inline_params(uri, 2, 0))
+        assert result is not None and not result.items
+        assert (await stats(client))["last"]["stopped"] == "error"
+        assert len([m for m in client.messages if "no-such-model" in m.message]) == 1  # once, not per request
