@@ -9,11 +9,11 @@ import logging
 import threading
 
 from decoding import alternatives
-from decoding.api import DRAFTERS, SCOPES, CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
-from decoding.errors import DraftwiseError, EngineNotReady, ModelLoadError, ModelSpecError
+from decoding.api import DRAFTERS, CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
+from decoding.errors import DraftwiseError, EngineNotReady, ModelLoadError, ModelSpecError, check_request
 from decoding.jobs import Job, JobRegistry, ModelWorker
 from decoding.loading import LoadedModels, Progress, ensure_draft_model, load_models
-from decoding.request_plan import build_plan, build_prompt
+from decoding.request_plan import build_plan
 from decoding.request_run import read_prompt_ahead, run_plan
 
 log = logging.getLogger("draftwise.engine")
@@ -63,7 +63,7 @@ class Engine:
 
     # ---- requests -----------------------------------------------------------------------------
     def build_prompt(self, request: CompletionRequest) -> list[int]:
-        return build_prompt(self._ready_models(), request)
+        return self._ready_models().build_prompt(request)
 
     def clear_caches(self) -> None:
         """Forget every stored KV cache (benchmarks measure cold requests with it)."""
@@ -82,10 +82,7 @@ class Engine:
         loop). version: the document version it was made for (see document_changed). idle: nobody
         waits for it (a prefetch): any request that is not idle cancels it."""
         self._ready_models()
-        if request.drafter is not None and request.drafter not in DRAFTERS:
-            raise ModelSpecError(f"unknown drafter '{request.drafter}': use one of {', '.join(DRAFTERS)}")
-        if request.scope not in SCOPES:
-            raise ModelSpecError(f"unknown scope '{request.scope}': use one of {', '.join(SCOPES)}")
+        check_request(request)
         return self._queue(Job(request, cancel, version, idle), self._run)
 
     def prepare(self, request: CompletionRequest) -> Job:

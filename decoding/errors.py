@@ -23,3 +23,13 @@ class PackError(DraftwiseError):
 
 class EngineNotReady(DraftwiseError):
     """A request arrived before the models finished loading (or after loading failed)."""
+
+
+def check_request(request) -> None:
+    """Refuse a decoding.api.CompletionRequest naming a drafter or scope that does not exist."""
+    from decoding.api import DRAFTERS, SCOPES
+
+    if request.drafter is not None and request.drafter not in DRAFTERS:
+        raise ModelSpecError(f"unknown drafter '{request.drafter}': use one of {', '.join(DRAFTERS)}")
+    if request.scope not in SCOPES:
+        raise ModelSpecError(f"unknown scope '{request.scope}': use one of {', '.join(SCOPES)}")

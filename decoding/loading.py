@@ -36,6 +36,10 @@ class LoadedModels:
     def tokenizer(self):
         return self.target.tokenizer
 
+    def build_prompt(self, request) -> list[int]:
+        """The prompt's token ids for a decoding.api.CompletionRequest."""
+        return self.prompts.build_request(request)
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 

@@ -14,7 +14,7 @@ Layout (why it looks like this):
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from decoding.api import ContextFile
@@ -156,6 +156,12 @@ class PromptBuilder:
             end = suffix.rfind("\n", 0, end - 1) + 1
             ids = self.encode(suffix[:end]) if end else []
         return ids, end
+
+    def build_request(self, request) -> list[int]:
+        """The token ids of a decoding.api.CompletionRequest's prompt (text an editor sent made valid)."""
+        context = [replace(f, text=valid_text(f.text)) for f in request.context]
+        return self.build(valid_text(request.prefix), valid_text(request.suffix), request.path, context,
+                          budget=request.context_tokens).ids
 
     def build(self, prefix: str, suffix: str = "", path: str = "", context: Sequence[ContextFile] = (),
               budget: int | None = None) -> PromptParts:

@@ -8,7 +8,7 @@ from decoding import faults
 from decoding.api import CancelToken, CompletionResult
 from decoding.errors import DraftwiseError
 from decoding.loading import LoadedModels
-from decoding.request_plan import RequestPlan, build_prompt
+from decoding.request_plan import RequestPlan
 from decoding.runner import Cancelled, read_ahead
 from decoding.speculative import Stop, speculative_decode
 
@@ -36,7 +36,7 @@ def run_plan(models: LoadedModels, plan: RequestPlan, cancel: CancelToken) -> tu
 def read_prompt_ahead(models: LoadedModels, request, cancel: CancelToken) -> int:
     """Idle work: read the prompt this request would have into the target's KV cache, and a draft
     model's, so the request starts from them when the user asks. Returns the target tokens read."""
-    prompt = build_prompt(models, request)
+    prompt = models.build_prompt(request)
     try:
         read = read_ahead(models.target_runner, prompt, request.document, cancel)
         for drafter in models.drafters.values():

@@ -50,9 +50,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 from decoding.brackets import CLOSERS, OPENERS, only_closers, scan_brackets
-from decoding.languages import LanguageFacts, facts_for, normalize_language
+from decoding.languages import LanguageFacts, facts_for, language_from_path, normalize_language
 
 SCOPES = ("line", "block", "full")
 TAB_WIDTH = 4
@@ -467,3 +468,19 @@ class StopRules:
         # (a Rust lifetime).
         still_open = scan_brackets(self.cursor_line_prefix + generated, quotes=frozenset())[1]
         return bool(still_open) and OPENERS[still_open[-1]] == closer
+
+
+def _never(text: str) -> None:
+    return None
+
+
+def completion_rules(prefix: str, suffix: str, language: str, path: str, requested_scope: str
+                     ) -> tuple[Callable[[str], int | None], Callable[[str], int | None]]:
+    """A request's text rule (checked as text arrives) and final rule (where to end it when the model
+    stops on its own). Scope `full` has none: the model's raw output, as benchmarks compare it."""
+    language = language or language_from_path(path)
+    scope = resolve_scope(prefix, suffix, language, requested_scope)
+    if scope == "full":
+        return _never, _never
+    rules = StopRules.for_request(prefix, suffix, language, scope)
+    return rules.check, rules.finish

@@ -24,13 +24,14 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 from decoding.api import CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
-from decoding.errors import DraftwiseError, EngineNotReady, ModelNotAvailable, ModelSpecError
+from decoding.errors import DraftwiseError, EngineNotReady, ModelNotAvailable, ModelSpecError, check_request
 from decoding.jobs import Job, JobRegistry
 from decoding.prompt import valid_text
+from decoding.stop_rules import completion_rules
 from decoding.remote import backends
 from decoding.remote.secrets import api_key_from_env
 from decoding.remote.spec import RemoteSpec, parse_remote_target
@@ -110,6 +111,26 @@ def load_tokenizer(spec: RemoteSpec):
     raise ModelNotAvailable(
         f"no tokenizer for the remote model '{spec.model}' ({'; '.join(problems)}): add "
         f"?tokenizer=SPEC to the target (a preset, a model directory or a cached hub id of the same family)")
+
+
+@dataclass
+class _Streamed:
+    """What one answer's stream has brought so far."""
+
+    started: float  # time.perf_counter() when the request started
+    text: str = ""
+    keep: int | None = None  # where a stop rule cut the text
+    chunks: int = 0
+
+    def final_text(self, stopped: str, final_rule) -> str:
+        if stopped == "error":
+            return ""
+        if stopped == "stop_rule":
+            return self.text[:self.keep]
+        if stopped == "cancelled":
+            return self.text
+        cut = final_rule(self.text.rstrip("\ufffd"))
+        return self.text if cut is None else self.text[:cut]
 
 
 class Engine:
@@ -242,15 +263,14 @@ class Engine:
         self._require_ready()
         if self.prompts is None:
             raise DraftwiseError("llama.cpp's /infill builds its prompt on the server")
-        context = [replace(f, text=valid_text(f.text)) for f in request.context]
-        return self.prompts.build(valid_text(request.prefix), valid_text(request.suffix), request.path, context,
-                                  budget=request.context_tokens).ids
+        return self.prompts.build_request(request)
 
     def submit(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
                idle: bool = False) -> RemoteJob:
         """version: the document version the request was made for (see document_changed). idle: a
         prefetch nobody waits for; a remote engine keeps no cache to warm, so it ends at once."""
         self._require_ready()
+        check_request(request)
         job = RemoteJob(request, cancel, version, idle)
         if idle:
             job.cancel_token.cancel()
@@ -319,60 +339,49 @@ class Engine:
         return {**common, "prefix": prefix, "suffix": valid_text(req.suffix)[:SUFFIX_CHARS], "extra": extra, "stop": []}
 
     async def _run(self, job: RemoteJob) -> CompletionResult:
-        from decoding.languages import language_from_path
-        from decoding.stop_rules import StopRules, resolve_scope
-
         req = job.request
         stats = RemoteRequestStats(drafter="remote")
-        started = time.perf_counter()
         if job.cancel_token.cancelled:
             stats.stopped = "cancelled"
             return self._record(CompletionResult("", stats))
-        language = req.language or language_from_path(req.path)
-        scope = resolve_scope(req.prefix, req.suffix, language, req.scope)
-        if scope == "full":
-            text_rule = final_rule = lambda text: None
-        else:
-            rules = StopRules.for_request(req.prefix, req.suffix, language, scope)
-            text_rule, final_rule = rules.check, rules.finish
-        max_tokens = req.max_tokens or self.config.max_tokens
+        text_rule, final_rule = completion_rules(req.prefix, req.suffix, req.language, req.path, req.scope)
         deadline_s = min(req.time_limit_s or self.spec.timeout_s, self.spec.timeout_s)
         timer = asyncio.get_running_loop().call_later(deadline_s, self._deadline, job)
-        text, keep, chunks = "", None, 0
+        streamed = _Streamed(started=time.perf_counter())
+        try:
+            await self._answer(job, stats, text_rule, streamed, deadline_s)
+        finally:
+            timer.cancel()
+        elapsed = (time.perf_counter() - streamed.started) * 1000
+        stats.prefill_ms = stats.first_token_ms if streamed.chunks else elapsed
+        stats.decode_ms = max(0.0, elapsed - stats.prefill_ms)
+        completion = stats.server.get("completion_tokens") or stats.server.get("tokens_predicted")
+        stats.generated_tokens = (completion if completion and stats.stopped in ("eos", "max_tokens")
+                                  else streamed.chunks)
+        stats.target_forwards = streamed.chunks
+        if not stats.prompt_tokens:
+            stats.prompt_tokens = stats.server.get("prompt_tokens") or stats.server.get("tokens_evaluated") or 0
+        return self._record(CompletionResult(streamed.final_text(stats.stopped, final_rule), stats))
+
+    async def _answer(self, job: RemoteJob, stats: RemoteRequestStats, text_rule, streamed: "_Streamed",
+                      deadline_s: float) -> None:
+        """Stream the answer into `streamed`; a failure becomes stopped="error" and the server's health."""
         try:
             if self.health != OK and not await self._check_server():
                 raise backends.RemoteProblem(self.health, self.problem or "the inference server is not usable")
-            wire = self._wire_request(req, stats, max_tokens)
-            async with self._backend.stream(**wire) as stream, contextlib.aclosing(stream):
-                async for chunk in stream:
-                    if chunk.usage:
-                        stats.server.update({k: v for k, v in chunk.usage.items() if v is not None})
-                    if chunk.text:
-                        chunks += 1
-                        if chunks == 1:
-                            stats.first_token_ms = (time.perf_counter() - started) * 1000
-                        text += chunk.text
-                        keep = text_rule(text.rstrip("\ufffd"))
-                        if keep is not None:
-                            stats.stopped = "stop_rule"
-                            break  # leaving the block closes the stream: the server stops
-                    if chunk.finish_reason:
-                        stats.stopped = "max_tokens" if chunk.finish_reason == "length" else "eos"
-            if not stats.stopped:  # servers end every answer with a finish reason; this one was cut off
-                raise backends.RemoteProblem(backends.UNREACHABLE, f"the inference server at {self.spec.url} "
-                                                                   "ended its answer early (did it stop?)")
+            await self._stream(self._wire_request(job.request, stats, job.request.max_tokens or self.config.max_tokens),
+                               stats, text_rule, streamed)
             self._set_health(OK, None)
         except asyncio.CancelledError:
             if not job.cancel_token.cancelled and job.reason != "time_limit":
                 raise  # the loop itself is going away
             stats.stopped = job.reason
-            if job.reason == "time_limit":
-                if chunks == 0:
-                    self._set_health(backends.SLOW, f"the inference server at {self.spec.url} sent nothing "
-                                                    f"within {deadline_s:g} s")
-                    stats.stopped, stats.error = "error", self.problem or ""
-                else:
-                    self._set_health(OK, None)
+            if job.reason == "time_limit" and streamed.chunks == 0:
+                self._set_health(backends.SLOW, f"the inference server at {self.spec.url} sent nothing "
+                                                f"within {deadline_s:g} s")
+                stats.stopped, stats.error = "error", self.problem or ""
+            elif job.reason == "time_limit":
+                self._set_health(OK, None)
         except backends.RemoteProblem as problem:
             self._set_health(problem.kind, str(problem))
             stats.stopped, stats.error = "error", str(problem)
@@ -381,24 +390,27 @@ class Engine:
             problem = f"the inference server at {self.spec.url} sent something unexpected: {type(exc).__name__}: {exc}"
             self._set_health(backends.FAILING, problem.splitlines()[0])
             stats.stopped, stats.error = "error", self.problem or ""
-        finally:
-            timer.cancel()
-        elapsed = (time.perf_counter() - started) * 1000
-        stats.prefill_ms = stats.first_token_ms if chunks else elapsed
-        stats.decode_ms = max(0.0, elapsed - stats.prefill_ms)
-        if stats.stopped == "error":
-            text = ""
-        elif stats.stopped == "stop_rule":
-            text = text[:keep]
-        elif stats.stopped != "cancelled":
-            cut = final_rule(text.rstrip("\ufffd"))
-            text = text if cut is None else text[:cut]
-        completion = stats.server.get("completion_tokens") or stats.server.get("tokens_predicted")
-        stats.generated_tokens = completion if completion and stats.stopped in ("eos", "max_tokens") else chunks
-        stats.target_forwards = chunks
-        if not stats.prompt_tokens:
-            stats.prompt_tokens = stats.server.get("prompt_tokens") or stats.server.get("tokens_evaluated") or 0
-        return self._record(CompletionResult(text, stats))
+
+    async def _stream(self, wire: dict, stats: RemoteRequestStats, text_rule, streamed: "_Streamed") -> None:
+        """Read the server's stream; a stop rule that fires closes it, which stops the server."""
+        async with self._backend.stream(**wire) as stream, contextlib.aclosing(stream):
+            async for chunk in stream:
+                if chunk.usage:
+                    stats.server.update({k: v for k, v in chunk.usage.items() if v is not None})
+                if chunk.text:
+                    streamed.chunks += 1
+                    if streamed.chunks == 1:
+                        stats.first_token_ms = (time.perf_counter() - streamed.started) * 1000
+                    streamed.text += chunk.text
+                    streamed.keep = text_rule(streamed.text.rstrip("\ufffd"))
+                    if streamed.keep is not None:
+                        stats.stopped = "stop_rule"
+                        return  # leaving the block closes the stream: the server stops
+                if chunk.finish_reason:
+                    stats.stopped = "max_tokens" if chunk.finish_reason == "length" else "eos"
+        if not stats.stopped:  # servers end every answer with a finish reason; this one was cut off
+            raise backends.RemoteProblem(backends.UNREACHABLE, f"the inference server at {self.spec.url} "
+                                                               "ended its answer early (did it stop?)")
 
     def _deadline(self, job: RemoteJob) -> None:
         if job._task is not None and not job._task.done():

@@ -61,6 +61,14 @@ async def lsp_session(server_args: list[str], *, workspace: Path, env: dict[str,
         await client.stop()
 
 
+def inline_session(model_dir: Path, workspace: Path, **options: Any):
+    """A session with a client that shows inline completions (UTF-16 positions), started with
+    `options` as initializationOptions."""
+    return lsp_session(["--target", str(model_dir)], workspace=workspace,
+                       capabilities=client_capabilities(encodings=["utf-16"], inline=True),
+                       initialization_options=options)
+
+
 def plain(value: Any) -> Any:
     """pygls hands results of custom requests over as namedtuples; tests compare plain JSON values."""
     if hasattr(value, "_asdict"):

@@ -9,7 +9,7 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from lsp_harness import client_capabilities, insert_change, inline_params, lsp_session, open_document, stats, wait_for_state
+from lsp_harness import inline_params, inline_session, insert_change, lsp_session, open_document, stats, wait_for_state
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -19,9 +19,7 @@ LAST_LINE, LAST_COLUMN = 6, 8
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client(tiny_model_dir, workspace):
-    async with lsp_session(["--target", str(tiny_model_dir)], workspace=workspace,
-                           capabilities=client_capabilities(encodings=["utf-16"], inline=True),
-                           initialization_options={"maxTokens": 10, "scope": "full"}) as (client, _):
+    async with inline_session(tiny_model_dir, workspace, maxTokens=10, scope="full") as (client, _):
         await wait_for_state(client)
         yield client
 
