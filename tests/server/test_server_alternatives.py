@@ -7,7 +7,7 @@ import pytest_asyncio
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
-from lsp_harness import inline_params, inline_session, insert_change, lsp_session, open_document, stats, wait_for_state
+from lsp_harness import inline_params, inline_session, insert_change, open_document, stats, wait_for_state
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
