@@ -116,12 +116,15 @@ PARTIAL_KINDS = ("word", "line", "other")
 ITEMS_REMEMBERED = 256  # sent items whose acceptance the server can still use
 
 
-def mid_word(line_after: str) -> bool:
-    """The rule for keystrokes not worth a generation: an automatic request with the cursor right
-    before a letter, digit or underscore is inside a word (editing an identifier, not writing new
+def mid_word(line_before: str, line_after: str) -> bool:
+    """The rule for keystrokes not worth a generation: an automatic request with a letter, digit or
+    underscore on both sides of the cursor is inside a word (editing an identifier, not writing new
     code). Editors do not show inline suggestions there, or the user types over them; an explicit
     invoke is still answered."""
-    return bool(line_after) and (line_after[0].isalnum() or line_after[0] == "_")
+    def word_char(ch: str) -> bool:
+        return ch.isalnum() or ch == "_"
+
+    return bool(line_before) and bool(line_after) and word_char(line_before[-1]) and word_char(line_after[0])
 
 
 def cursor_line(prefix: str, suffix: str) -> tuple[str, str]:
@@ -161,7 +164,7 @@ class Completions:
             return None
         cursor = self._cursor(doc, position, selected)
         self.documents.touch(uri)
-        if not invoked and mid_word(cursor.line_after):
+        if not invoked and mid_word(cursor.line_before, cursor.line_after):
             self.counts.skipped_mid_word += 1
             return None
         request = self.request_at(doc, cursor.prefix, cursor.suffix, settings)

@@ -70,13 +70,13 @@ def _instrument() -> None:
 
     original_submit = engine_host.EngineHost.submit
 
-    def recording_submit(self, request, version):
+    def recording_submit(self, request, version, idle=False):
         engine_requests.append({
             "document": request.document, "path": request.path,
             "context": [c.path for c in request.context],
             "watchedTextInContext": bool(WATCH_TEXT) and any(WATCH_TEXT in c.text for c in request.context),
         })
-        return original_submit(self, request, version)
+        return original_submit(self, request, version, idle=idle)
 
     engine_host.EngineHost.submit = recording_submit
 

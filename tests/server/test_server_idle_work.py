@@ -109,3 +109,14 @@ async def test_the_time_cap_stops_generation_and_shows_what_is_complete(tiny_mod
         last = (await stats(client))["last"]
         assert last["stopped"] == "time_limit"
         assert 0 < last["generated_tokens"] < 64
+
+
+def test_the_mid_word_rule_needs_a_word_character_on_both_sides():
+    from lsp_server.completions import mid_word
+
+    assert mid_word("    va", "lue = 1")
+    assert mid_word("x_", "1")
+    assert not mid_word("", "value = 1")  # the start of a line: new code goes before it
+    assert not mid_word("value ", "= 1")
+    assert not mid_word("print(", "x)")
+    assert not mid_word("value", "")  # the end of a word: completing it is the point
