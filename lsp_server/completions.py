@@ -301,7 +301,7 @@ class Completions:
         edit = shape(result.text, line_before, line_after, cursor.indent)
         if edit is not None and edit.text:
             self.counts.prefetched += 1
-            self.typeahead.remember(doc.uri, prefix, suffix, edit.text)
+            self.typeahead.remember(doc.uri, prefix, suffix, edit.text, prefetched=True)
 
     def _run_in_background(self, coroutine) -> None:
         task = asyncio.ensure_future(coroutine)

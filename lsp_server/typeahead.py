@@ -22,6 +22,7 @@ class ShownSuggestion:
     prefix: str  # document text before the cursor when the suggestion was shown
     suffix: str  # document text after the cursor then
     text: str  # the inserted text that was shown
+    prefetched: bool = False  # computed in idle time for after the shown one, not shown itself
 
 
 class TypeAheadMemory:
@@ -30,9 +31,9 @@ class TypeAheadMemory:
         self._max = max_documents
         self._per_document = per_document
 
-    def remember(self, document: str, prefix: str, suffix: str, text: str) -> None:
+    def remember(self, document: str, prefix: str, suffix: str, text: str, prefetched: bool = False) -> None:
         entries = self._shown.setdefault(document, deque(maxlen=self._per_document))
-        entries.append(ShownSuggestion(prefix, suffix, text))
+        entries.append(ShownSuggestion(prefix, suffix, text, prefetched))
         self._shown.move_to_end(document)
         while len(self._shown) > self._max:
             self._shown.popitem(last=False)
@@ -56,10 +57,14 @@ class TypeAheadMemory:
     def continuation(self, document: str, prefix: str, suffix: str) -> str | None:
         """The rest of the shown suggestion if the document now reads `prefix + suffix` because the
         user typed its first characters (or typed nothing and asks again); None otherwise."""
-        for shown in reversed(self._shown.get(document, ())):  # the latest first (a prefetch is latest)
+        # The latest shown suggestion, and prefetches made after it (older suggestions were replaced
+        # on screen: typing along one of them is for the draft hint, not for an instant answer).
+        for shown in reversed(self._shown.get(document, ())):
             rest = _typed_along(shown, prefix, suffix)
             if rest is not None:
                 return rest
+            if not shown.prefetched:
+                return None
         return None
 
 
