@@ -101,15 +101,6 @@ class Engine:
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
         return self.submit(request, cancel).result()
 
-    def document_changed(self, document: str, version: int) -> None:
-        self.jobs.document_changed(document, version)
-
-    def document_closed(self, document: str) -> None:
-        self.jobs.document_closed(document)
-
-    def cancel_all(self) -> None:
-        self.jobs.cancel_all()
-
     def _settle(self, job: Job, inner: concurrent.futures.Future) -> None:
         self.jobs.done(job)
         if job.future.done():  # a caller cancelled the future itself; nobody waits for the result

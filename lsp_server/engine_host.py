@@ -139,15 +139,15 @@ class EngineHost:
     def document_changed(self, document: str, version: int) -> None:
         """The document moved past the version its running job was made for: stop that job now."""
         if self._engine is not None:
-            self._engine.document_changed(document, version)
+            self._engine.jobs.document_changed(document, version)
 
     def document_closed(self, document: str) -> None:
         if self._engine is not None:
-            self._engine.document_closed(document)
+            self._engine.jobs.document_closed(document)
 
     def cancel_all(self) -> None:
         if self._engine is not None:
-            self._engine.cancel_all()
+            self._engine.jobs.cancel_all()
 
     # ---- reporting -----------------------------------------------------------------------------
 

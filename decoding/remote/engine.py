@@ -293,16 +293,6 @@ class Engine:
         """Idle work: nothing to read ahead here (the server keeps its own prompt cache)."""
         return None
 
-    def document_changed(self, document: str, version: int) -> None:
-        """The document moved past the version its running job was made for: close that stream now."""
-        self.jobs.document_changed(document, version)
-
-    def document_closed(self, document: str) -> None:
-        self.jobs.document_closed(document)
-
-    def cancel_all(self) -> None:
-        self.jobs.cancel_all()
-
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
         return self.submit(request, cancel).result()
 
