@@ -325,7 +325,10 @@ export class CodeServer {
       const inline = [...document.querySelectorAll('.ghost-text-decoration')]
         .map((el) => el.textContent.replace(/\u00a0/g, ' '))
         .join('');
-      return { inline, elements: all.length };
+      // The lines after the first: VS Code draws them in a view zone, one .view-line each.
+      const lines = [...document.querySelectorAll('.suggest-preview-text .view-line')]
+        .map((el) => el.textContent.replace(/\u00a0/g, ' '));
+      return { inline, elements: all.length, lines };
     });
   }
 

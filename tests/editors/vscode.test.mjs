@@ -64,6 +64,12 @@ function itemById(tapLog, id) {
   return sentItems(tapLog).find((item) => item.command.arguments[0].id === id);
 }
 
+/** Whether VS Code's drawn later lines are those of this text (control characters drawn as pictures). */
+function laterLinesMatch(text, drawn) {
+  const later = text.split('\n').slice(1).map((line) => displayed(line).trimEnd());
+  return drawn.length <= later.length && drawn.every((line, i) => line.trimEnd() === later[i]);
+}
+
 function textOf(item) {
   return typeof item.insertText === 'string' ? item.insertText : item.insertText.value;
 }
@@ -227,10 +233,10 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
           await vscode.press('Shift', 'Home'); // no auto-indent
           await vscode.page.keyboard.type(line, { delay: 30 });
           const ghost = await waitFor('ghost text', () => vscode.ghostText(), { timeoutMs: 10_000, intervalMs: 250 }).catch(() => null);
-          // Drawn over several lines. (Which item it is, the accept command says: several items may
-          // start alike, e.g. with a line break.)
-          const item = ghost && ghost.elements > 1 && sentItems(vscode.tapLog).reverse().find((it) =>
-            it.uri.endsWith('/multi.py') && textOf(it).trim().includes('\n'));
+          // Drawn over several lines, and the item drawn is the one whose later lines VS Code shows
+          // (a reply's other items may be multi-line while the one shown is not).
+          const item = ghost?.lines.length > 0 && sentItems(vscode.tapLog).reverse().find((it) =>
+            it.uri.endsWith('/multi.py') && textOf(it).trim().includes('\n') && laterLinesMatch(textOf(it), ghost.lines));
           if (item) {
             t.diagnostic(`multi-line suggestion after ${JSON.stringify(line)}`);
             return item;
