@@ -8,8 +8,9 @@ TORCH_PIP_ARGS ?=
 PRESET ?= qwen2.5-coder-0.5b
 STAMP  := $(VENV)/.installed
 REMOTE_STAMP := $(VENV)/.installed-remote
+LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 
-.PHONY: setup models demo test test-fast test-editors test-reliability test-remote bench clean
+.PHONY: setup setup-llamacpp models demo test test-fast test-editors test-reliability test-remote bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +19,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# The `gguf` weight format: llama.cpp's CPU kernels under the same verify loop (README, "Weights").
+# llama-cpp-python builds llama.cpp from source the first time (~12 minutes on 2 cores); pip keeps
+# the wheel in its cache outside the clone. `make test` then also runs tests/engine/test_gguf.py.
+$(LLAMACPP_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,llamacpp]'
+	touch $(LLAMACPP_STAMP)
+
+setup-llamacpp: $(LLAMACPP_STAMP)
 
 models: setup
 	$(BIN)/draftwise models pull $(PRESET)

@@ -75,7 +75,7 @@ def _continue(models, plan: RequestPlan, token: int, cancel: CancelToken) -> str
     rule = replace(plan.rule, decode=lambda ids: decode([token] + ids), max_tokens=plan.rule.max_tokens - 1)
     seq = list(plan.prompt) + [token]
     scratch = RequestStats(drafter="lookup")  # the greedy request's stats stay about the greedy run
-    policy = DraftPolicy("lookup", models.drafters, models.cost, scratch)
+    policy = DraftPolicy(models.drafter_mode("lookup"), models.drafters, models.cost, scratch)
     policy.begin(seq, replace(plan.request, draft_hint=""), Sampler(0.0), cancel)
     try:
         if rule.max_tokens == 0:

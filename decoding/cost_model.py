@@ -70,7 +70,7 @@ def measure_forward_times(runner, sizes=(1, 2, 4, 8, 12, 16), context: int = 128
             samples.append(time.perf_counter() - t0)
             runner.crop_to(context)
         times[n] = statistics.median(samples)
-    runner.cache, runner.tokens = None, []  # don't keep the synthetic cache
+    runner.discard()  # don't keep the synthetic cache
     # Smooth measurement noise with a least-squares line t = a + b*n (b >= 0: more tokens never cost less).
     ns, ts = list(times), list(times.values())
     mean_n, mean_t = statistics.fmean(ns), statistics.fmean(ts)

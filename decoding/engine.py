@@ -152,6 +152,7 @@ class Engine:
             "state": self.state, "error": self.error, "target": self.config.target,
             "target_name": t.name if t else None, "draft": self.config.draft,
             "draft_loaded": bool(m and m.draft), "draft_note": m.draft_note if m else "",
+            "drafting_off": m.drafting_off if m else "",
             "drafter": self.config.drafter, "device": str(t.device) if t else self.config.device,
             "dtype": str(t.dtype).replace("torch.", "") if t else self.config.dtype,
             "weights": t.weights if t else None,

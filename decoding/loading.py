@@ -31,10 +31,15 @@ class LoadedModels:
     draft_note: str = ""  # why the draft model is (not) used
     draft_costs: dict = field(default_factory=dict)  # measured at load, for info()
     draft_left_out: bool = False  # `auto` did not keep the draft model: it cannot pay on this device
+    drafting_off: str = ""  # why every request decodes plainly (the target's verify is not row-exact here)
 
     @property
     def tokenizer(self):
         return self.target.tokenizer
+
+    def drafter_mode(self, mode: str) -> str:
+        """The drafter a request runs: `mode`, or none where drafting would change the text."""
+        return "none" if self.drafting_off else mode
 
     def build_prompt(self, request) -> list[int]:
         """The prompt's token ids for a decoding.api.CompletionRequest."""
@@ -64,17 +69,22 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     from decoding.drafters.suggestion import SuggestionDrafter
     from decoding.models.weight_choice import load_weights
     from decoding.prompt import PromptBuilder, end_token_ids
-    from decoding.runner import ModelRunner
+    from decoding.runner import runner_for
 
     hf_logging.disable_progress_bar()
     progress(f"loading target {cfg.target}", 0.05)
     target, weights = load_weights(cfg.target, cfg.weights, cfg.device, cfg.dtype, cfg.trust_remote_code, "target")
     prompts = PromptBuilder(target.tokenizer, cfg.context_tokens)
-    runner = ModelRunner(target, cfg.cache_mb * 1024 * 1024)
+    runner = runner_for(target, cfg.cache_mb * 1024 * 1024)
     progress("measuring forward costs on this device", 0.5)
     cost = CostModel(measure_forward_times(runner, repeats=3 if cfg.measure_cost else 1))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
                           runner, cost, {"lookup": LookupDrafter(), "suggestion": SuggestionDrafter(target.tokenizer)})
+    if not runner.verify_exact:
+        models.drafting_off = (f"{target.weights} weights: a verify forward's logits differ from one-token steps' "
+                               f"here (by up to {runner.verify_difference:.3g}), so drafting could change the text; "
+                               "every request decodes plainly")
+        log.warning("drafting off: %s", models.drafting_off)
     if cfg.draft and cfg.draft != "none":
         progress(f"loading draft {cfg.draft}", 0.6)
         try:
@@ -89,7 +99,7 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
 def _add_draft_model(models: LoadedModels, cfg: EngineConfig) -> None:
     from decoding.drafters.draft_model import ModelDrafter
     from decoding.models.weight_choice import load_weights
-    from decoding.runner import ModelRunner
+    from decoding.runner import runner_for
 
     free, need = _available_memory_bytes(models.target.device), _checkpoint_bytes(cfg.draft)
     if free is not None and need is not None and need * 1.2 > free:
@@ -102,7 +112,7 @@ def _add_draft_model(models: LoadedModels, cfg: EngineConfig) -> None:
         models.draft_note = "not used: its tokenizer differs from the target's"
         log.warning("draft model %s %s", cfg.draft, models.draft_note)
         return
-    runner = ModelRunner(draft, cfg.cache_mb * 1024 * 1024 // 2, role="draft")
+    runner = runner_for(draft, cfg.cache_mb * 1024 * 1024 // 2, role="draft")
     step_s = measure_forward_times(runner, sizes=(1, 2), repeats=3).by_tokens[1]
     prefill_s = measure_forward_times(runner, sizes=(64, 128), repeats=1)(128) / 128
     ratio = step_s / models.cost.t(1)

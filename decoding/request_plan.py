@@ -25,7 +25,7 @@ class RequestPlan:
 def build_plan(models: LoadedModels, config: EngineConfig, request: CompletionRequest) -> RequestPlan:
     from decoding.stop_rules import completion_rules
 
-    mode = request.drafter or config.drafter
+    mode = models.drafter_mode(request.drafter or config.drafter)
     stats = RequestStats(drafter=mode)
     text_rule, final_rule = completion_rules(request.prefix, request.suffix, request.language, request.path,
                                              request.scope)

@@ -33,6 +33,9 @@ class Cancelled(Exception):
 
 
 class ModelRunner:
+    # PyTorch formats verify with the kernels whose row-exactness README "Weights" documents per format
+    verify_exact = True
+
     def __init__(self, loaded: LoadedModel, cache_budget_bytes: int, role: str = "target"):
         self.role = role
         self.loaded = loaded
@@ -101,6 +104,15 @@ class ModelRunner:
                 raise Cancelled()
             self.forward(missing[i:i + PREFILL_CHUNK], logits_to_keep=1)
         return len(missing)
+
+
+def runner_for(loaded: LoadedModel, cache_budget_bytes: int, role: str = "target"):
+    """The runner for a loaded model: llama.cpp's for the gguf format, else PyTorch's."""
+    if loaded.weights == "gguf":
+        from decoding.llamacpp_runner import LlamaCppRunner
+
+        return LlamaCppRunner(loaded, cache_budget_bytes, role)
+    return ModelRunner(loaded, cache_budget_bytes, role)
 
 
 def read_ahead(runner: ModelRunner, ids: list[int], document: str, cancel: CancelToken) -> int:

@@ -185,6 +185,7 @@ class EngineHost:
             "draftWeights": info.get("draft_weights") or (config.draft_weights if config.draft else None),
             "fimTemplate": info.get("fim_template"),
             "draftNote": info.get("draft_note") or None,
+            "draftingOff": info.get("drafting_off") or None,
             "last": engine_stats.get("last"),
             "cumulative": engine_stats.get("cumulative", {}),
             "requests": engine_stats.get("requests", 0),

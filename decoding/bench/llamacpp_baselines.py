@@ -39,20 +39,10 @@ def version() -> str | None:
 
 
 def gguf_for(target_spec: str) -> Path | None:
-    """The GGUF file of the target: the preset's file next to its weights, or a .gguf spec itself."""
-    from decoding.models import pack
-    from decoding.models.specs import parse_model_spec
+    """The GGUF file of the target (see decoding.models.loading.gguf_file)."""
+    from decoding.models.loading import gguf_file
 
-    spec = parse_model_spec(target_spec)
-    if spec.kind == "gguf":
-        return Path(spec.value)
-    if spec.preset is not None:
-        path = pack.preset_dir(spec.preset) / spec.preset.gguf_name
-        return path if path.is_file() else None
-    if spec.kind == "hf_dir":
-        found = sorted(Path(spec.value).glob("*.gguf"))
-        return found[0] if found else None
-    return None
+    return gguf_file(target_spec)
 
 
 class LlamaCppRunner:

@@ -15,6 +15,9 @@ from decoding.models.specs import PRESETS, ModelSpec, parse_model_spec
 log = logging.getLogger(__name__)
 
 HUB_HOST = "huggingface.co"
+# llama.cpp's context for the gguf format: the prompt budget (1,536 by default) plus generation and
+# drafts, with room to spare (~12 KB a token for the 0.5B, ~28 KB for the 1.5B)
+GGUF_CONTEXT_TOKENS = 4096
 
 
 @dataclass
@@ -117,9 +120,11 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
     spec = parse_model_spec(spec_text)
     dev, torch_dtype = resolve_device(device, dtype)
     if weights is not None:
-        problem = formats.kernel_problem(weights, dev)
+        problem = formats.kernel_problem(weights, dev, spec_text)
         if problem:
             raise ModelSpecError(problem)
+        if weights == formats.GGUF:
+            return _load_gguf(spec_text, spec, dev, trust_remote_code)
         # quantized formats read the fp32 weights, so every load of a format gives the same model
         torch_dtype = formats.load_dtype(weights)
     source, extra = model_source(spec)
@@ -149,3 +154,37 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
     name = spec.preset.display if spec.preset else Path(spec.value).name if spec.kind != "hub" else spec.value
     fmt = weights or {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[torch_dtype]
     return LoadedModel(model, tokenizer, spec, dev, torch_dtype, name, fmt)
+
+
+def gguf_file(spec_text: str) -> Path | None:
+    """The model's GGUF file: a preset's next to its weights, a .gguf spec itself, or one in an HF
+    directory."""
+    spec = parse_model_spec(spec_text)
+    if spec.kind == "gguf":
+        return Path(spec.value)
+    if spec.preset is not None:
+        path = pack.preset_dir(spec.preset) / spec.preset.gguf_name
+        return path if path.is_file() else None
+    if spec.kind == "hf_dir":
+        found = sorted(Path(spec.value).glob("*.gguf"))
+        return found[0] if found else None
+    return None
+
+
+def _load_gguf(spec_text: str, spec: ModelSpec, device, trust_remote_code: bool) -> LoadedModel:
+    """The `gguf` format: llama.cpp runs the GGUF file; the tokenizer is the model's own (the same
+    vocabulary: a preset's safetensors and tokenizer were made from that file)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from decoding.llamacpp_runner import LlamaCppModel
+
+    source, extra = model_source(spec)
+    tok_extra = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **tok_extra)
+    model = LlamaCppModel(gguf_file(spec_text), GGUF_CONTEXT_TOKENS)
+    if model.vocab_size < len(tokenizer):
+        model.close()
+        raise ModelLoadError(f"{model.path.name} has {model.vocab_size} tokens, its tokenizer {len(tokenizer)}")
+    name = spec.preset.display if spec.preset else Path(spec.value).name if spec.kind != "hub" else spec.value
+    return LoadedModel(model, tokenizer, spec, device, torch.float32, name, "gguf")

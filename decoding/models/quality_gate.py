@@ -7,11 +7,14 @@ model that was never measured gets the formats that passed on every measured mod
 """
 from __future__ import annotations
 
+from decoding.api import WEIGHT_FORMATS
+
 MAX_DROP_POINTS = 2.0
 
 # preset name -> the benchmark's quality figures (first-line exact match, percent of cases)
 MEASURED: dict[str, dict] = {'qwen2.5-coder-0.5b': {'cases': 41,
-                        'first_line_exact': {'fp32': 17.1, 'int8': 14.6, 'bf16': 17.1},
+                        # gguf: the llamacpp-plain anchor of the first run, the same GGUF file on the same cases
+                        'first_line_exact': {'fp32': 17.1, 'int8': 14.6, 'bf16': 17.1, 'gguf': 17.1},
                         'similarity': {'llamacpp-q4': 0.62, 'fp32': 0.629, 'int8': 0.595, 'bf16': 0.608},
                         'llamacpp_q4_first_line_exact': 17.1,
                         'runs': ['draftwise bench --limit 1 --quality-cases 40 --max-tokens 48 '
@@ -38,5 +41,5 @@ def eligible_formats(model_key: str | None, measured: dict[str, dict] | None = N
     if not measured:
         return ["fp32"], "quality gate: no model measured yet, so only fp32"
     per_model = [{f for f, ok in verdicts(e["first_line_exact"]).items() if ok} for e in measured.values()]
-    passed = sorted(set.intersection(*per_model), key=["fp32", "bf16", "int8", "int4"].index)
+    passed = sorted(set.intersection(*per_model), key=WEIGHT_FORMATS.index)
     return passed, f"quality gate: formats that passed on every measured model ({', '.join(measured)})"

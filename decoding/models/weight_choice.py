@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 # time with 2.5 accepted per forward (a middling acceptance for code).
 REFERENCE = {"prompt_tokens": 1000, "new_tokens": 48, "verify_tokens": 5, "tokens_per_forward": 2.5}
 # Timed formats in this order; the last one timed stays loaded, so the usual winner goes last.
-TIMING_ORDER = ("fp32", "bf16", "int4", "int8")
+TIMING_ORDER = ("fp32", "bf16", "int4", "int8", "gguf")
 CACHE_FILE = "weight-timings.json"
 
 
@@ -35,9 +35,12 @@ class FormatTiming:
     decode_ms: float  # one new token over a 128-token cache
     verify_ms: float  # REFERENCE["verify_tokens"] new tokens in one forward
     prefill_tok_s: float  # a 256-token prompt chunk
+    drafts: bool = True  # False: verify forwards are not row-exact here, so this format decodes plainly
 
     @property
     def reference_s(self) -> float:
+        if not self.drafts:
+            return REFERENCE["prompt_tokens"] / self.prefill_tok_s + REFERENCE["new_tokens"] * self.decode_ms / 1000
         forwards = REFERENCE["new_tokens"] / REFERENCE["tokens_per_forward"]
         return REFERENCE["prompt_tokens"] / self.prefill_tok_s + forwards * self.verify_ms / 1000
 
@@ -56,9 +59,9 @@ class WeightsChoice:
 
 def time_format(loaded, context: int = 128, repeats: int = 3) -> FormatTiming:
     """Time decode, verify and prefill forwards of a loaded model (medians of `repeats`)."""
-    from decoding.runner import ModelRunner
+    from decoding.runner import runner_for
 
-    runner = ModelRunner(loaded, 1 << 30, role="timing")
+    runner = runner_for(loaded, 1 << 30, role="timing")
     vocab = loaded.model.config.get_text_config().vocab_size
     ids = [(i * 7919) % min(vocab - 20, 1000) + 10 for i in range(context + 256 + 1)]
     runner.start([], "__weights__")
@@ -75,8 +78,8 @@ def time_format(loaded, context: int = 128, repeats: int = 3) -> FormatTiming:
 
     decode, verify = timed(1), timed(REFERENCE["verify_tokens"])
     prefill = timed(256, keep=1)
-    runner.cache, runner.tokens = None, []
-    return FormatTiming(round(decode * 1000, 2), round(verify * 1000, 2), round(256 / prefill, 1))
+    runner.discard()
+    return FormatTiming(round(decode * 1000, 2), round(verify * 1000, 2), round(256 / prefill, 1), runner.verify_exact)
 
 
 def device_key(device) -> str:
@@ -135,13 +138,15 @@ class TimingCache:
 Loader = Callable[[str], object]  # format -> LoadedModel
 
 
-def _runnable(candidates: list[str], device, not_eligible: dict[str, str]) -> list[str]:
-    """The formats whose kernels run on this device; the others go to not_eligible with why."""
+def _runnable(candidates: list[str], device, not_eligible: dict[str, str], spec_text: str) -> list[str]:
+    """The formats whose kernels run on this device for this model; the others go to not_eligible
+    with why."""
     out = []
     for fmt in candidates:
-        problem = kernel_problem(fmt, device)
+        problem = kernel_problem(fmt, device, spec_text)
         if problem:
-            log.warning("weights %s skipped: %s", fmt, problem)
+            # gguf is an optional extra (or a file a model may not have): its absence is not a fault
+            log.log(logging.INFO if fmt == "gguf" else logging.WARNING, "weights %s skipped: %s", fmt, problem)
             not_eligible[fmt] = problem
         else:
             out.append(fmt)
@@ -162,7 +167,7 @@ def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | 
     else:
         candidates, why = gate(key)
         not_eligible.update({f: why for f in FORMATS if f not in candidates})
-    candidates = _runnable(candidates, device, not_eligible)
+    candidates = _runnable(candidates, device, not_eligible, spec.value)
     if not candidates:
         raise DraftwiseError(f"no weight format can run for {key} on {device}: {not_eligible}")
     cache = cache or TimingCache()

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 FORMATS = WEIGHT_FORMATS[1:]  # the concrete ones
 QUANTIZED = ("int8", "int4")
+GGUF = "gguf"  # not a conversion: llama.cpp runs the model's GGUF file (decoding/llamacpp_runner.py)
 INT4_GROUP_SIZES = (128, 64, 32)
 ROW_EXACT_ATTENTION = "draftwise_row_exact"
 # Forwards of at least this many tokens are prefill: plain and speculative decoding run the same
@@ -220,8 +221,11 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def kernel_problem(fmt: str, device: torch.device) -> str | None:
-    """Why `fmt` cannot run on this device, or None. Tries the kernel once on a tiny layer."""
+def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None) -> str | None:
+    """Why `fmt` cannot run on this device (for this model, when given), or None. Tries the kernel
+    once on a tiny layer."""
+    if fmt == GGUF:
+        return _gguf_problem(device, spec_text)
     if fmt not in QUANTIZED:
         return None
     if device.type != "cpu":
@@ -231,4 +235,17 @@ def kernel_problem(fmt: str, device: torch.device) -> str | None:
         layer(torch.randn(2, 128, dtype=compute_dtype(fmt)))
     except Exception as exc:  # noqa: BLE001 - a missing or broken kernel is one log line, not a crash
         return f"the {fmt} kernel does not run in torch {torch.__version__}: {type(exc).__name__}: {exc}".splitlines()[0]
+    return None
+
+
+def _gguf_problem(device: torch.device, spec_text: str | None) -> str | None:
+    from decoding import llamacpp_runner
+    from decoding.models.loading import gguf_file
+
+    if device.type != "cpu":
+        return f"gguf weights run on llama.cpp's CPU build here; this device is {device.type}"
+    if not llamacpp_runner.available():
+        return "gguf weights need llama.cpp: pip install 'draftwise[llamacpp]'"
+    if spec_text is not None and gguf_file(spec_text) is None:
+        return f"no GGUF file for {spec_text} (a preset's comes with `draftwise models pull`)"
     return None

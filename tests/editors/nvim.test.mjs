@@ -247,9 +247,11 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
 
   test('accept-line takes a multi-line suggestion up to the end of its first line', { timeout: model.replyTimeoutMs * 2 }, async (t) => {
     // Whole-block suggestions (sent as new settings, as update_settings does) make a multi-line
-    // one likely; the tiny model is deterministic, so one of these lines gives one.
+    // one likely. The tiny model's text depends on the whole prompt, other open buffers included
+    // (what earlier tests typed and accepted), so try lines that open a block until one brings one.
     nvim.send('<Cmd>lua require("draftwise").update_settings({ scope = "full", maxTokens = 48 })<CR>');
-    const candidates = ['    def push(self, item):', 'import os', '    x = fib', 'for i in range(10):'];
+    const candidates = ['    def push(self, item):', 'import os', '    x = fib', 'for i in range(10):', 'class Stack:',
+      'def main():', 'while True:', '    if n < 2:', 'try:', 'with open(path) as f:'];
     let suggestion;
     try {
       for (const line of candidates) {

@@ -121,15 +121,16 @@ def fake_timings(**reference_s):
 
 def test_auto_picks_the_fastest_eligible_format_and_keeps_its_timings(tmp_path, monkeypatch):
     spec = parse_model_spec("qwen2.5-coder-0.5b")
-    table = fake_timings(fp32=5.0, bf16=2.0, int8=1.0, int4=0.5)
+    table = fake_timings(fp32=5.0, bf16=2.0, int8=1.0, int4=0.5, gguf=0.8)
     timed: list[str] = []
+    monkeypatch.setattr("decoding.models.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
     monkeypatch.setattr("decoding.models.weight_choice.time_format",
                         lambda loaded: timed.append(loaded.weights) or table[loaded.weights])
-    gate = lambda key: (["fp32", "bf16", "int8"], "test gate")  # int4 is fastest but fails the gate
+    gate = lambda key: (["fp32", "bf16", "int8"], "test gate")  # int4 and gguf are faster but fail the gate
     cache = TimingCache(tmp_path / "timings.json")
     loaded, choice = choose_and_load(spec, torch.device("cpu"), "target", FakeLoaded, cache, gate)
     assert (loaded.weights, choice.format) == ("int8", "int8")
-    assert sorted(timed) == ["bf16", "fp32", "int8"] and "int4" in choice.not_eligible
+    assert sorted(timed) == ["bf16", "fp32", "int8"] and {"int4", "gguf"} <= set(choice.not_eligible)
     assert "int8 1.00 s" in choice.reason and "test gate" in choice.reason
     # A second start times nothing: it loads the winner only.
     timed.clear()
@@ -138,13 +139,13 @@ def test_auto_picks_the_fastest_eligible_format_and_keeps_its_timings(tmp_path, 
     # A draft model may use any format: the output stays the target's.
     timed.clear()
     loaded, choice = choose_and_load(spec, torch.device("cpu"), "draft", FakeLoaded, cache, gate)
-    assert timed == ["int4"] and choice.format == "int4"
+    assert timed == ["int4", "gguf"] and choice.format == "int4"
 
 
 def test_a_format_whose_kernel_fails_is_skipped_with_one_log_line(tmp_path, monkeypatch, caplog):
     spec = parse_model_spec("qwen2.5-coder-0.5b")
     monkeypatch.setattr("decoding.models.weight_choice.kernel_problem",
-                        lambda fmt, device: "no int8 kernel here" if fmt == "int8" else None)
+                        lambda fmt, device, spec=None: "no int8 kernel here" if fmt == "int8" else None)
     monkeypatch.setattr("decoding.models.weight_choice.time_format",
                         lambda loaded: fake_timings(fp32=3.0, int8=1.0)[loaded.weights])
     with caplog.at_level(logging.WARNING):

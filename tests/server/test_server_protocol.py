@@ -97,7 +97,7 @@ async def test_stats_describe_the_loaded_model(vscode, tiny_model_dir):
     assert (s["device"], s["drafter"], s["draft"]) == ("cpu", "auto", None)
     assert s["fimTemplate"] == "qwen2.5-coder"
     # `auto` says what it chose and why; activations are bf16 only for bf16 and int4 weights
-    assert s["weights"] in ("fp32", "bf16", "int8", "int4") and s["weightsReason"]
+    assert s["weights"] in ("fp32", "bf16", "int8", "int4", "gguf") and s["weightsReason"]
     assert s["dtype"] == ("bfloat16" if s["weights"] in ("bf16", "int4") else "float32")
     assert set(s) >= {"last", "cumulative", "requests", "suggestions"}
 

@@ -1,0 +1,145 @@
+"""The gguf weight format: the real 0.5B's GGUF file on llama.cpp under the engine's verify loop.
+
+Lossless here means equal to plain greedy decoding of the same GGUF on llama.cpp, which this file
+runs itself: the prompt read once, then one token per llama_decode call. Needs the `llamacpp`
+extra (skips without it: it is a ~12-minute build) and the pulled 0.5B.
+"""
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from decoding import CompletionRequest, EngineConfig
+from decoding.engine import Engine
+
+pytest.importorskip("llama_cpp", reason="the gguf format needs the llamacpp extra: pip install -e '.[llamacpp]'")
+pytestmark = pytest.mark.real_model
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def fim_cases():
+    for name, statement in [("textwrap.py", "text = text.expandtabs(self.tabsize)"),
+                            ("json/encoder.py", "chunks = self.iterencode(o, _one_shot=True)"),
+                            ("shlex.py", "self.lineno = 1"),
+                            ("argparse.py", "self._actions = []")]:
+        text = (STDLIB / name).read_text()
+        at = text.index(statement)
+        yield name, text[:at], text[at + len(statement):]
+
+
+@pytest.fixture(scope="module")
+def engine(real_model):
+    e = Engine(EngineConfig(target=real_model, weights="gguf", max_tokens=32, context_tokens=768))
+    e.load()
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def reference_model(real_model):
+    """A second llama.cpp instance of the same file, so the reference shares no state with the engine."""
+    from decoding.llamacpp_runner import LlamaCppModel
+    from decoding.models.loading import GGUF_CONTEXT_TOKENS, gguf_file
+
+    model = LlamaCppModel(gguf_file(real_model), GGUF_CONTEXT_TOKENS)
+    yield model
+    model.close()
+
+
+def plain_greedy(model, engine: Engine, request: CompletionRequest, max_tokens: int) -> str:
+    ids = engine.build_prompt(request)
+    model.lib.llama_memory_clear(model.memory, True)
+    for start in range(0, len(ids) - 1, 512):
+        model.decode(ids[start:min(start + 512, len(ids) - 1)], start, keep=1)
+    out, last = [], ids[-1]
+    for step in range(max_tokens):
+        token = int(np.argmax(model.decode([last], len(ids) - 1 + step, keep=1)[0]))
+        if token in engine.models.end_ids:
+            break
+        out.append(token)
+        last = token
+    return engine.models.decode(out)
+
+
+def test_the_engine_runs_the_gguf_file_on_llama_cpp(engine):
+    from decoding.llamacpp_runner import LlamaCppRunner
+
+    assert engine.info()["weights"] == "gguf"
+    assert isinstance(engine.models.target_runner, LlamaCppRunner)
+
+
+def test_drafting_is_off_exactly_when_a_verify_row_differs_from_a_decode_step(engine, reference_model):
+    """Measured at load: where llama.cpp computes a k-token forward's rows unlike one-token steps,
+    speculation could change the text, so the engine decodes plainly and says why."""
+    difference = reference_model.verify_difference()
+    runner = engine.models.target_runner
+    assert runner.verify_exact == (runner.verify_difference == 0.0)
+    assert (difference == 0.0) == runner.verify_exact  # the same build measures the same way twice
+    info = engine.info()
+    if runner.verify_exact:
+        assert not info["drafting_off"]
+    else:
+        assert "decodes plainly" in info["drafting_off"] and engine.models.drafter_mode("auto") == "none"
+
+
+@pytest.mark.parametrize("case", list(fim_cases()), ids=lambda c: c[0])
+def test_every_drafter_equals_plain_greedy_of_the_same_gguf(engine, reference_model, case):
+    name, prefix, suffix = case
+    expected = plain_greedy(reference_model, engine, CompletionRequest(prefix=prefix, suffix=suffix, scope="full",
+                                                                       max_tokens=32), 32)
+    assert expected.strip(), "the reference generated nothing: the case checks nothing"
+    half = len(expected) // 2
+    hint = expected[:half] + " # not what the model says" + expected[half:]  # right, then wrong
+    for drafter in ("none", "lookup", "suggestion", "auto"):
+        result = engine.complete(CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=32,
+                                                   drafter=drafter, document=f"{name}-{drafter}", draft_hint=hint))
+        assert result.text == expected, f"{name}, drafter {drafter}"
+        if engine.models.drafting_off:  # this build's verify rows differ from decode steps: plain only
+            assert result.stats.drafted_tokens == 0 and result.stats.drafter == "none", result.stats
+        elif drafter == "suggestion":  # verified several drafted tokens at once, and rejected some
+            assert 0 < result.stats.accepted_tokens < result.stats.drafted_tokens, result.stats
+
+
+def test_a_document_switch_restores_its_cache_and_computes_the_same_logits(engine, real_model):
+    """Two documents take turns: each comes back to its own saved cache (not a cold read), and the
+    logits after a restore are those of a cold read, bit for bit."""
+    runner = engine.models.target_runner
+    engine.models.clear_caches()
+    a = engine.build_prompt(CompletionRequest(prefix="def add(a, b):\n    return", suffix="\n"))
+    b = engine.build_prompt(CompletionRequest(prefix="class Stack:\n    def push(self, item):\n", suffix=""))
+
+    def read(ids, doc):
+        reused = runner.start(ids, doc)
+        runner.sync(ids)
+        logits = runner.forward([ids[-1]])[-1].clone()
+        runner.finish()
+        return reused, logits
+
+    cold_a = read(a, "a")
+    cold_b = read(b, "b")
+    assert cold_a[0] == 0 and cold_b[0] == 0
+    warm_a = read(a, "a")  # the live cache holds b now: a's comes back from its saved state
+    assert warm_a[0] == len(a) - 1
+    assert bool((warm_a[1] == cold_a[1]).all())
+    warm_b = read(b, "b")
+    assert warm_b[0] == len(b) - 1 and bool((warm_b[1] == cold_b[1]).all())
+
+
+def test_a_cancel_from_another_thread_costs_at_most_the_forward_in_flight(engine):
+    import threading
+
+    prefix, suffix = next(iter(fim_cases()))[1:]
+    runner = engine.models.target_runner
+    engine.models.clear_caches()
+    start = runner.forwards
+    job = engine.submit(CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=32, drafter="none",
+                                          document="cancel"))
+    while runner.forwards - start < 4 and not job.future.done():  # the prompt's chunks, then decode steps
+        threading.Event().wait(0.001)
+    job.cancel()
+    result = job.result(timeout=60)
+    assert result.stats.stopped == "cancelled"
+    assert result.stats.forwards_after_cancel <= 1
