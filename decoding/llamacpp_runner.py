@@ -27,7 +27,7 @@ import torch
 from decoding.api import CancelToken
 from decoding.errors import ModelLoadError
 from decoding.kv_cache import KVStore, common_prefix_len
-from decoding.runner import PREFILL_CHUNK, Cancelled
+from decoding.runner import PREFILL_CHUNK, PrefixSync
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class SavedState:
         runner drops what is not wanted from the live sequence after restoring them."""
 
 
-class LlamaCppRunner:
+class LlamaCppRunner(PrefixSync):
     """ModelRunner's contract on llama.cpp (see decoding/runner.py for the invariant on `tokens`)."""
 
     def __init__(self, loaded, cache_budget_bytes: int, role: str = "target") -> None:
@@ -243,16 +243,6 @@ class LlamaCppRunner:
         if self.cancel is not None and self.cancel.cancelled:
             self.forwards_after_cancel += 1
         return torch.from_numpy(logits)
-
-    def sync(self, seq: list[int], cancel: CancelToken | None = None) -> int:
-        keep = min(common_prefix_len(self.tokens, seq), len(seq) - 1)
-        self.crop_to(keep)
-        missing = seq[keep:len(seq) - 1]
-        for i in range(0, len(missing), PREFILL_CHUNK):
-            if cancel is not None and cancel.cancelled:
-                raise Cancelled()
-            self.forward(missing[i:i + PREFILL_CHUNK], logits_to_keep=1)
-        return len(missing)
 
     def _crop_live(self, n: int) -> None:
         if n < len(self._live):

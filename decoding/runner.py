@@ -32,7 +32,23 @@ class Cancelled(Exception):
     pass
 
 
-class ModelRunner:
+class PrefixSync:
+    """What every runner (PyTorch's below, llama.cpp's) does the same way on top of its own `tokens`,
+    `crop_to` and `forward`."""
+
+    def sync(self, seq: list[int], cancel: CancelToken | None = None) -> int:
+        """Make the cache hold seq[:-1] (crop where it diverges, feed what is missing). Returns tokens fed."""
+        keep = min(common_prefix_len(self.tokens, seq), len(seq) - 1)
+        self.crop_to(keep)
+        missing = seq[keep:len(seq) - 1]
+        for i in range(0, len(missing), PREFILL_CHUNK):
+            if cancel is not None and cancel.cancelled:
+                raise Cancelled()
+            self.forward(missing[i:i + PREFILL_CHUNK], logits_to_keep=1)
+        return len(missing)
+
+
+class ModelRunner(PrefixSync):
     # PyTorch formats verify with the kernels whose row-exactness README "Weights" documents per format
     verify_exact = True
 
@@ -94,16 +110,6 @@ class ModelRunner:
             self.forwards_after_cancel += 1  # what a cancel costs: the forward already in flight
         return out.logits[0].float()
 
-    def sync(self, seq: list[int], cancel: CancelToken | None = None) -> int:
-        """Make the cache hold seq[:-1] (crop where it diverges, feed what is missing). Returns tokens fed."""
-        keep = min(common_prefix_len(self.tokens, seq), len(seq) - 1)
-        self.crop_to(keep)
-        missing = seq[keep:len(seq) - 1]
-        for i in range(0, len(missing), PREFILL_CHUNK):
-            if cancel is not None and cancel.cancelled:
-                raise Cancelled()
-            self.forward(missing[i:i + PREFILL_CHUNK], logits_to_keep=1)
-        return len(missing)
 
 
 def runner_for(loaded: LoadedModel, cache_budget_bytes: int, role: str = "target"):

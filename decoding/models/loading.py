@@ -105,7 +105,7 @@ def model_source(spec: ModelSpec) -> tuple[str, dict]:
 
 def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
                role: str = "target", weights: str | None = None) -> LoadedModel:
-    """weights: a format of decoding.models.weights (fp32, bf16, int8, int4); None: `dtype` decides."""
+    """weights: a format of decoding.models.weights (fp32, bf16, int8, int4, gguf); None: `dtype` decides."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -120,8 +120,7 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
     spec = parse_model_spec(spec_text)
     dev, torch_dtype = resolve_device(device, dtype)
     if weights is not None:
-        problem = formats.kernel_problem(weights, dev, spec_text)
-        if problem:
+        if problem := formats.kernel_problem(weights, dev, spec_text):
             raise ModelSpecError(problem)
         if weights == formats.GGUF:
             return _load_gguf(spec_text, spec, dev, trust_remote_code)
