@@ -54,8 +54,9 @@ class ForwardTimes:
 
 def measure_forward_times(runner, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3) -> ForwardTimes:
     """Time forwards of each size on top of a `context`-token cache (medians of `repeats`)."""
-    vocab = runner.model.config.get_text_config().vocab_size
-    base = [(i * 7919) % min(vocab - 20, 1000) + 10 for i in range(context + 1)]
+    from decoding.runner import synthetic_tokens
+
+    base = synthetic_tokens(runner.vocab_size, context + 1)
     runner.start(base, "__cost_model__")
     runner.sync(base)
     for n in (1, max(sizes)):  # warm-up: first calls pay for allocations and kernel selection

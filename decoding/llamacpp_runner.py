@@ -27,7 +27,7 @@ import torch
 from decoding.api import CancelToken
 from decoding.errors import ModelLoadError
 from decoding.kv_cache import KVStore, common_prefix_len
-from decoding.runner import PREFILL_CHUNK, PrefixSync
+from decoding.runner import PREFILL_CHUNK, PrefixSync, synthetic_tokens
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +51,10 @@ def _quiet_llama_cpp_logs() -> None:
     set_verbose(log.isEnabledFor(logging.DEBUG))
 
 
-class _Config:
-    """What cost-model code reads from `runner.model.config` (a transformers config elsewhere)."""
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-
-    def get_text_config(self):
-        return self
-
-
 class LlamaCppModel:
     """A GGUF file loaded by llama.cpp, with one context sized for the engine's prompts."""
 
-    def __init__(self, gguf: Path, context_tokens: int, threads: int | None = None, repack: bool = True,
-                 flash_attention: int = -1) -> None:
+    def __init__(self, gguf: Path, context_tokens: int, threads: int | None = None) -> None:
         try:
             import llama_cpp
         except ImportError as exc:
@@ -73,9 +62,7 @@ class LlamaCppModel:
         self.lib, self.path = llama_cpp, Path(gguf)
         _quiet_llama_cpp_logs()
         llama_cpp.llama_backend_init()
-        model_params = llama_cpp.llama_model_default_params()
-        model_params.use_extra_bufts = repack
-        self.model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), model_params)
+        self.model = llama_cpp.llama_model_load_from_file(str(gguf).encode(), llama_cpp.llama_model_default_params())
         if not self.model:
             raise ModelLoadError(f"llama.cpp could not load {gguf}")
         threads = threads or os.cpu_count() or 1
@@ -84,17 +71,16 @@ class LlamaCppModel:
         params.n_batch = params.n_ubatch = MAX_FORWARD
         params.n_seq_max = 1
         params.n_threads = params.n_threads_batch = threads
-        params.flash_attn_type = flash_attention
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)
             raise ModelLoadError(f"llama.cpp could not make a {context_tokens}-token context for {gguf}")
         self.n_ctx = llama_cpp.llama_n_ctx(self.ctx)
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
-        self.config = _Config(self.vocab_size)
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.batch = llama_cpp.llama_batch_init(MAX_FORWARD, 0, 1)
         self.kv_bytes_per_token = self._measure_state_bytes_per_token()
+        self._verify_difference: float | None = None
 
     def _measure_state_bytes_per_token(self) -> int:
         """The saved state's size per token, from two forwards' worth (a fixed header cancels out)."""
@@ -126,8 +112,14 @@ class LlamaCppModel:
     def verify_difference(self, tokens: int = 5, context: int = 64) -> float:
         """How far a `tokens`-token forward's logits are from as many one-token forwards' (largest
         absolute difference; 0.0 means bit for bit). Verification is lossless only at 0.0: a k-token
-        forward that computes a row differently from a decode step can change the greedy text."""
-        ids = [(i * 7919) % min(self.vocab_size - 20, 1000) + 10 for i in range(context + tokens)]
+        forward that computes a row differently from a decode step can change the greedy text.
+        Measured once per loaded model: every runner over it (timing, then serving) reads the same."""
+        if self._verify_difference is None:
+            self._verify_difference = self._measure_verify_difference(tokens, context)
+        return self._verify_difference
+
+    def _measure_verify_difference(self, tokens: int, context: int) -> float:
+        ids = synthetic_tokens(self.vocab_size, context + tokens)
         try:
             self.decode(ids[:context], 0, keep=1)
             batch = self.decode(ids[context:], context, keep=tokens)
@@ -189,6 +181,7 @@ class LlamaCppRunner(PrefixSync):
         self.verify_difference = self.model.verify_difference()
         self.verify_exact = self.verify_difference == 0.0
         self.device = loaded.device
+        self.vocab_size = self.model.vocab_size
         self.store = KVStore(self.model.kv_bytes_per_token, cache_budget_bytes)
         self.tokens: list[int] = []
         self.document = ""

@@ -85,7 +85,9 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
                                f"here (by up to {runner.verify_difference:.3g}), so drafting could change the text; "
                                "every request decodes plainly")
         log.warning("drafting off: %s", models.drafting_off)
-    if cfg.draft and cfg.draft != "none":
+    if cfg.draft and cfg.draft != "none" and models.drafting_off:
+        models.draft_note = "not loaded: drafting is off (see drafting_off)"
+    elif cfg.draft and cfg.draft != "none":
         progress(f"loading draft {cfg.draft}", 0.6)
         try:
             _add_draft_model(models, cfg)

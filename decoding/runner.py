@@ -32,6 +32,11 @@ class Cancelled(Exception):
     pass
 
 
+def synthetic_tokens(vocab_size: int, n: int) -> list[int]:
+    """n ordinary token ids to time or probe forwards with (their values do not change the cost)."""
+    return [(i * 7919) % min(vocab_size - 20, 1000) + 10 for i in range(n)]
+
+
 class PrefixSync:
     """What every runner (PyTorch's below, llama.cpp's) does the same way on top of its own `tokens`,
     `crop_to` and `forward`."""
@@ -58,6 +63,7 @@ class ModelRunner(PrefixSync):
         self.model = loaded.model
         self.device = loaded.device
         self.store = KVStore(kv_bytes_per_token(self.model), cache_budget_bytes)
+        self.vocab_size = self.model.config.get_text_config().vocab_size
         # transformers 5.x renamed past_key_values to cache; accept either release.
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"

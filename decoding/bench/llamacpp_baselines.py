@@ -14,7 +14,6 @@ a crashing llama.cpp build from taking the benchmark down with it.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,7 +26,9 @@ from decoding.bench.hf_baselines import GenerateTiming
 
 
 def available() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
+    from decoding import llamacpp_runner
+
+    return llamacpp_runner.available()
 
 
 def version() -> str | None:

@@ -107,7 +107,7 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
                role: str = "target", weights: str | None = None) -> LoadedModel:
     """weights: a format of decoding.models.weights (fp32, bf16, int8, int4, gguf); None: `dtype` decides."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from decoding import faults
     from decoding.models import weights as formats
@@ -127,9 +127,8 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
         # quantized formats read the fp32 weights, so every load of a format gives the same model
         torch_dtype = formats.load_dtype(weights)
     source, extra = model_source(spec)
-    tok_extra = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **tok_extra)
+        tokenizer = _tokenizer(source, extra, trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, trust_remote_code=trust_remote_code,
             use_safetensors=None if "gguf_file" in extra else True, **extra,
@@ -150,7 +149,7 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
     if weights in formats.QUANTIZED:
         formats.convert(model, weights)
         torch_dtype = formats.compute_dtype(weights)
-    name = spec.preset.display if spec.preset else Path(spec.value).name if spec.kind != "hub" else spec.value
+    name = _display_name(spec)
     fmt = weights or {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[torch_dtype]
     return LoadedModel(model, tokenizer, spec, dev, torch_dtype, name, fmt)
 
@@ -174,16 +173,24 @@ def _load_gguf(spec_text: str, spec: ModelSpec, device, trust_remote_code: bool)
     """The `gguf` format: llama.cpp runs the GGUF file; the tokenizer is the model's own (the same
     vocabulary: a preset's safetensors and tokenizer were made from that file)."""
     import torch
-    from transformers import AutoTokenizer
 
     from decoding.llamacpp_runner import LlamaCppModel
 
-    source, extra = model_source(spec)
-    tok_extra = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
-    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **tok_extra)
+    tokenizer = _tokenizer(*model_source(spec), trust_remote_code)
     model = LlamaCppModel(gguf_file(spec_text), GGUF_CONTEXT_TOKENS)
     if model.vocab_size < len(tokenizer):
         model.close()
         raise ModelLoadError(f"{model.path.name} has {model.vocab_size} tokens, its tokenizer {len(tokenizer)}")
-    name = spec.preset.display if spec.preset else Path(spec.value).name if spec.kind != "hub" else spec.value
-    return LoadedModel(model, tokenizer, spec, device, torch.float32, name, "gguf")
+    return LoadedModel(model, tokenizer, spec, device, torch.float32, _display_name(spec), "gguf")
+
+
+def _tokenizer(source: str, extra: dict, trust_remote_code: bool):
+    from transformers import AutoTokenizer
+
+    tok_extra = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
+    return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **tok_extra)
+
+
+def _display_name(spec: ModelSpec) -> str:
+    """What to show users for a model."""
+    return spec.preset.display if spec.preset else Path(spec.value).name if spec.kind != "hub" else spec.value

@@ -59,11 +59,10 @@ class WeightsChoice:
 
 def time_format(loaded, context: int = 128, repeats: int = 3) -> FormatTiming:
     """Time decode, verify and prefill forwards of a loaded model (medians of `repeats`)."""
-    from decoding.runner import runner_for
+    from decoding.runner import runner_for, synthetic_tokens
 
     runner = runner_for(loaded, 1 << 30, role="timing")
-    vocab = loaded.model.config.get_text_config().vocab_size
-    ids = [(i * 7919) % min(vocab - 20, 1000) + 10 for i in range(context + 256 + 1)]
+    ids = synthetic_tokens(runner.vocab_size, context + 256 + 1)
     runner.start([], "__weights__")
     runner.forward(ids[:context], logits_to_keep=1)
 

@@ -74,9 +74,8 @@ def test_the_engine_runs_the_gguf_file_on_llama_cpp(engine):
 def test_drafting_is_off_exactly_when_a_verify_row_differs_from_a_decode_step(engine, reference_model):
     """Measured at load: where llama.cpp computes a k-token forward's rows unlike one-token steps,
     speculation could change the text, so the engine decodes plainly and says why."""
-    difference = reference_model.verify_difference()
+    difference = reference_model.verify_difference()  # measured on a second instance of the file
     runner = engine.models.target_runner
-    assert runner.verify_exact == (runner.verify_difference == 0.0)
     assert (difference == 0.0) == runner.verify_exact  # the same build measures the same way twice
     info = engine.info()
     if runner.verify_exact:

@@ -50,3 +50,18 @@ def test_documents_are_separate_and_memory_is_bounded():
     assert memory.continuation("file:///w/c.py", "pt", "") == "ext"
     memory.forget("file:///w/c.py")
     assert memory.continuation("file:///w/c.py", "pt", "") is None
+
+
+def test_only_the_latest_shown_suggestion_and_prefetches_after_it_answer_at_once():
+    """An older suggestion was replaced on screen: typing along it is no reason to answer instantly.
+    A prefetch (computed for after the latest one) is, and so is the latest one behind it."""
+    prefix, suffix = "def f():\n    return ", "\n\nx = 1\n"
+    memory = TypeAheadMemory()
+    memory.remember(URI, prefix, suffix, "sum(values)")  # shown, then replaced by:
+    memory.remember(URI, prefix, suffix, "max(values)")
+    assert memory.continuation(URI, prefix + "s", suffix) is None
+    assert memory.continuation(URI, prefix + "m", suffix) == "ax(values)"
+    memory.remember(URI, prefix + "max(values)", suffix, "\n    # done", prefetched=True)
+    assert memory.continuation(URI, prefix + "max(values)\n ", suffix) == "   # done"
+    assert memory.continuation(URI, prefix + "ma", suffix) == "x(values)"  # behind the prefetch
+    assert memory.continuation(URI, prefix + "su", suffix) is None
