@@ -134,6 +134,12 @@ class Engine:
         return read
 
     def _record(self, result: CompletionResult, idle: bool = False) -> CompletionResult:
+        s = result.stats
+        # Where a request's time went, one line each (cancelled ones only in debug logs: one a keystroke).
+        log.log(logging.DEBUG if idle or s.stopped == "cancelled" else logging.INFO,
+                "%s: prompt %d tokens (%d reused), prefill %.0f ms, first token %.0f ms, %d tokens in %.0f ms, "
+                "stopped: %s", "prefetch" if idle else "request", s.prompt_tokens, s.reused_prompt_tokens,
+                s.prefill_ms, s.first_token_ms, s.generated_tokens, s.decode_ms, s.stopped)
         with self._lock:
             if idle:
                 self._idle["prefetches"] += 1

@@ -4,10 +4,14 @@ Layout (why it looks like this):
 - Everything that is stable across keystrokes comes first: other files' context, then the current
   file's prefix. A request a few keystrokes later shares the whole token prefix up to the edit point,
   so only the tokens after it are prefilled again.
-- The suffix comes after the prefix (prefix-suffix-middle, the layout these models are trained on),
-  which means every edit re-prefills the suffix section. We keep the suffix budget small (default
-  at most 1/8 of the budget and 64 tokens): the few lines after the cursor carry most of its value, and
-  each suffix token costs prefill time on every keystroke.
+- The suffix comes after the prefix (prefix-suffix-middle, the layout these models are trained on;
+  putting the suffix first lost most exact first lines in a measurement), which means every edit
+  reads the suffix section again (~6 ms a token on a 2-core CPU, on every keystroke). So it is
+  short: the rest of the cursor's line, and only where nothing but indentation precedes the cursor
+  (a new line) also the next LINES_AFTER_A_BLANK_START lines, at most 32 tokens. On 200 benchmark
+  cases (Qwen2.5-Coder-0.5B, Q4) the first line was exactly right in 17.0% of cases with the rest of
+  the line, against 13-14% with 16-64 tokens of the lines after; but after a line's indentation the
+  model, seeing no lines after, doubled the indentation, and three lines fix that.
 - The prefix is cut at a line boundary that moves in steps of PREFIX_CUT_STEP lines, so the start of
   the prompt stays put while the user types and the cache keeps matching.
 """
@@ -20,6 +24,7 @@ from typing import Sequence
 from decoding.api import ContextFile
 
 PREFIX_CUT_STEP = 32  # lines
+LINES_AFTER_A_BLANK_START = 3  # suffix lines when only indentation precedes the cursor (see the layout notes)
 MAX_CHARS_PER_TOKEN = 16  # generous: code averages 3-4 characters a token
 
 
@@ -91,12 +96,16 @@ class PromptParts:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, budget: int = 1536, suffix_share: float = 0.125, max_suffix_tokens: int = 64):
+    def __init__(self, tokenizer, budget: int = 1536, suffix_share: float = 0.125, max_suffix_tokens: int = 32,
+                 suffix_lines: int | None = LINES_AFTER_A_BLANK_START):
         self.tok = tokenizer
         self.template = detect_template(tokenizer)
         self.budget = budget
         self.suffix_share = suffix_share
         self.max_suffix_tokens = max_suffix_tokens
+        # Whole lines after the cursor's line in the suffix when nothing but indentation precedes the
+        # cursor on its line (elsewhere: the rest of the line only); None: as many lines as fit.
+        self.suffix_lines = suffix_lines
         vocab = tokenizer.get_vocab()
         self._special = {s: vocab[s] for s in (self.template.prefix, self.template.suffix, self.template.middle,
                                                self.template.file_sep, self.template.repo_name) if s and s in vocab}
@@ -157,6 +166,19 @@ class PromptBuilder:
             ids = self.encode(suffix[:end]) if end else []
         return ids, end
 
+    def _suffix_text(self, prefix: str, suffix: str) -> str:
+        """The rest of the cursor's line; at a blank line start also suffix_lines whole lines after it."""
+        if self.suffix_lines is None:
+            return suffix
+        line_start = prefix[prefix.rfind("\n") + 1:]
+        lines = self.suffix_lines if not line_start.strip() else 0
+        end = -1
+        for _ in range(lines + 1):
+            end = suffix.find("\n", end + 1)
+            if end < 0:
+                return suffix
+        return suffix[:end]
+
     def build_request(self, request) -> list[int]:
         """The token ids of a decoding.api.CompletionRequest's prompt (text an editor sent made valid)."""
         context = [replace(f, text=valid_text(f.text)) for f in request.context]
@@ -170,7 +192,7 @@ class PromptBuilder:
         if not t.is_fim:
             pre_ids, dropped = self._fit_prefix(prefix, budget)
             return PromptParts(pre_ids, dropped, 0, 0)
-        suf_ids, suf_kept = self._fit_suffix(suffix, self.suffix_budget_for(budget))
+        suf_ids, suf_kept = self._fit_suffix(self._suffix_text(prefix, suffix), self.suffix_budget_for(budget))
         prefix_budget = budget - len(suf_ids) - 8
         pre_ids, dropped = self._fit_prefix(prefix, prefix_budget)
         header: list[int] = []

@@ -31,7 +31,7 @@ def build_plan(models: LoadedModels, config: EngineConfig, request: CompletionRe
                                              request.scope)
     deadline = time.monotonic() + request.time_limit_s if request.time_limit_s else None
     rule = StopRule(models.end_ids, request.max_tokens or config.max_tokens, models.decode, text_rule, final_rule,
-                    deadline)
+                    deadline, whole_lines=request.scope != "full")
     sampler = Sampler(request.temperature, request.top_p, request.top_k, request.seed)
     return RequestPlan(request, models.build_prompt(request), rule, sampler,
                        DraftPolicy(mode, models.drafters, models.cost, stats), stats)

@@ -35,6 +35,9 @@ class StopRule:
     text_rule: Callable[[str], int | None]  # StopRules.check: chars to keep, or None to go on
     final_rule: Callable[[str], int | None]  # StopRules.finish: chars to keep when generation ends otherwise
     deadline: float | None = None  # time.monotonic() value
+    # Past the deadline: end at the next line end (never half a line on screen), or at once (False:
+    # the "full" scope, whose raw output is cut wherever it is).
+    whole_lines: bool = True
 
     def check(self, generated: list[int]) -> Stop | None:
         n = min(len(generated), self.max_tokens)
@@ -47,12 +50,26 @@ class StopRule:
         if cut is not None:
             return Stop("stop_rule", upto, cut)
         if eos is not None:
-            return Stop("eos", eos, self.final_rule(text))
+            return Stop("eos", eos, self._keep(text))
         if len(generated) >= self.max_tokens:
-            return Stop("max_tokens", n, self.final_rule(text))
+            return Stop("max_tokens", n, self._keep(text))
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            return Stop("time_limit", n, self.final_rule(text))
+            return self._past_deadline(n, text)
         return None
+
+    def _keep(self, text: str) -> int:
+        """Characters kept when generation ends here: the final rule's, else all of `text` (which
+        has no unfinished UTF-8 sequence at its end: that is not text yet)."""
+        keep = self.final_rule(text)
+        return len(text) if keep is None else keep
+
+    def _past_deadline(self, n: int, text: str) -> Stop | None:
+        if not self.whole_lines:
+            return Stop("time_limit", n, self._keep(text))
+        complete = text[:max(0, text.rfind("\n"))]
+        if not complete.strip():  # not one whole line yet: go on to the end of the first
+            return None
+        return Stop("time_limit", n, self._keep(complete))
 
 
 def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy, sampler: Sampler,

@@ -94,7 +94,11 @@ def test_complete_on_a_stdlib_file_with_the_real_model(real_model, tmp_path):
     assert p["text"].startswith("text = text.") and ("tab" in p["text"] or "\\t" in p["text"]), p["text"]
     assert l["text"] == p["text"]
     assert p["stats"]["target_forwards"] == p["stats"]["generated_tokens"]
-    assert l["stats"]["target_forwards"] < l["stats"]["generated_tokens"]
+    if l["stats"]["drafter"] == "lookup":
+        assert l["stats"]["target_forwards"] < l["stats"]["generated_tokens"]
+    else:  # `auto` weights chose llama.cpp's gguf (the llamacpp extra is installed), whose verify rows
+        # differ from decode steps on this build: drafting is off and every request decodes plainly
+        assert l["stats"]["drafter"] == "none" and l["stats"]["drafted_tokens"] == 0
     for key in ("prompt_tokens", "reused_prompt_tokens", "drafted_tokens", "accepted_tokens", "prefill_ms",
                 "decode_ms", "drafter", "stopped", "accepted_by"):
         assert key in l["stats"]

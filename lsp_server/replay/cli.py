@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also try llama.cpp's /infill on the same GGUF when the extra is installed "
                         "(default: %(default)s)")
     p.add_argument("--json", dest="json_path", metavar="OUT", help="write every figure to OUT")
+    p.add_argument("--server-logs", metavar="DIR", type=Path,
+                   help="keep each run's server log in DIR (server-on.log, server-off.log)")
 
 
 def serve_args(args) -> list[str]:
@@ -55,6 +57,8 @@ def run(args) -> int:
         raise corpus.CorpusError("--chars must be at least 1 and --speed positive")
     regions = (corpus.regions_of([Path(f) for f in args.files], args.chars, args.seed) if args.files
                else corpus.default_regions(args.chars, args.seed))
+    if args.server_logs:
+        args.server_logs.mkdir(parents=True, exist_ok=True)
     replay = make_replay(regions, _profiles(args.client, len(regions)), args.seed, args.speed)
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - progress on stderr; the table owns stdout
     data = {"settings": {"target": args.target, "chars_per_file": args.chars, "client": args.client,
@@ -64,7 +68,7 @@ def run(args) -> int:
             "files": [{"path": r.path, "language": r.language, "line": r.line, "chars": len(r.text)} for r in regions],
             "runs": {}, "not_run": {}}
     for idle in IDLE_RUNS[args.idle]:
-        data["runs"]["on" if idle else "off"] = run_draftwise(replay, serve_args(args), idle, say)
+        data["runs"]["on" if idle else "off"] = run_draftwise(replay, serve_args(args), idle, say, args.server_logs)
     if args.llamacpp == "auto":
         from lsp_server.replay.llamacpp_infill import infill_status
 

@@ -77,12 +77,14 @@ def by_client(results: Sequence[FileResult]) -> dict:
     return {n: summarize([r for r in results if r.client == n], None) for n in names}
 
 
-def run_draftwise(replay: Replay, serve_args: list[str], idle: bool, say=print) -> dict:
-    """Start a server with idle work on or off, type every file, stop it."""
+def run_draftwise(replay: Replay, serve_args: list[str], idle: bool, say=print, logs: Path | None = None) -> dict:
+    """Start a server with idle work on or off, type every file, stop it. logs: a folder to keep the
+    server's log in (server-on.log / server-off.log)."""
     with tempfile.TemporaryDirectory(prefix="draftwise-replay-") as tmp:
         workspace = Path(tmp) / "workspace"
         workspace.mkdir()
-        backend = DraftwiseBackend(serve_args, idle, workspace, Path(tmp) / "server.log")
+        log_path = (logs or Path(tmp)) / f"server-{'on' if idle else 'off'}.log"
+        backend = DraftwiseBackend(serve_args, idle, workspace, log_path)
         try:
             say(f"idle work {'on' if idle else 'off'}: loading the model ...")
             loaded = backend.start()

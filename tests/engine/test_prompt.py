@@ -57,9 +57,25 @@ def test_budgets_hold_and_the_prefix_keeps_its_end():
     parts = b.build(prefix, suffix, "m.py", [ContextFile("big.py", "x" * 5000), ContextFile("small.py", "y = 2")])
     assert len(parts.ids) <= 300
     text = decode(tok, parts.ids)
-    assert "line 499\ncursor<|fim_suffix|>after 0\n" in text
+    assert "line 499\ncursor<|fim_suffix|>after 0<|fim_middle|>" in text  # the rest of the cursor's line
     assert "big.py" not in text  # did not fit
     assert parts.suffix_chars_kept < len(suffix) and parts.prefix_chars_dropped > 0
+    more = PromptBuilder(tok, budget=300, max_suffix_tokens=30, suffix_lines=None).build(prefix, suffix)
+    assert "cursor<|fim_suffix|>after 0\nafter 1\nafter 2\n<|fim_middle|>" in decode(tok, more.ids)  # line-aligned
+
+
+def test_the_suffix_is_the_rest_of_the_line_and_typing_rereads_only_the_edit():
+    """Every edit reads the suffix section again (it follows the prefix), so it holds only the rest of
+    the cursor's line: typing at the cursor changes the prompt from the edit on, a few tokens."""
+    tok = tokenizer_with(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
+    b = PromptBuilder(tok, budget=600)
+    prefix, suffix = "def f(a, b):\n    return g(a", ", b)\n\nprint(f(1, 2))\n"
+    before = b.build(prefix, suffix).ids
+    after = b.build(prefix + "bc", suffix).ids
+    assert decode(tok, after).endswith("return g(abc<|fim_suffix|>, b)<|fim_middle|>")
+    same = next(i for i, (x, y) in enumerate(zip(before, after)) if x != y)
+    assert len(after) - same == len("bc") + len("<|fim_suffix|>, b)<|fim_middle|>".replace("<|fim_suffix|>", "S").replace("<|fim_middle|>", "M"))
+    assert b.build(prefix, "").ids[-2:] == b.build(prefix, "\nmore\n").ids[-2:]  # at a line end: no suffix text
 
 
 def test_prefix_start_is_stable_while_typing():
@@ -75,3 +91,15 @@ def test_prefix_start_is_stable_while_typing():
     if len(starts) == 2:
         lo, hi = sorted(starts)
         assert prefix[lo:hi].count("\n") == PREFIX_CUT_STEP
+
+
+def test_after_a_lines_indentation_the_suffix_also_holds_the_next_lines():
+    """With only indentation before the cursor the model needs the lines after it to see the
+    block's shape (without them the 0.5B doubled the indentation)."""
+    tok = tokenizer_with(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
+    b = PromptBuilder(tok, budget=600)
+    suffix = "\n    if x:\n        y()\n    z = 1\n    return z\n"
+    text = decode(tok, b.build("def f(x):\n    ", suffix).ids)
+    assert text.endswith("<|fim_suffix|>\n    if x:\n        y()\n    z = 1<|fim_middle|>")
+    typed = decode(tok, b.build("def f(x):\n    w", suffix).ids)
+    assert typed.endswith("<|fim_suffix|><|fim_middle|>")  # code before the cursor: the rest of the line only

@@ -14,17 +14,21 @@ from decoding.speculative import Stop, StopRule
 EOS = 0
 
 
-def rule(text_rule=lambda text: None, final_rule=lambda text: None, max_tokens=10, deadline=None) -> StopRule:
-    # Token i decodes to the letter chr(ord('a') + i); EOS decodes to nothing.
-    decode = lambda ids: "".join(chr(ord("a") + i) for i in ids if i != EOS)  # noqa: E731
-    return StopRule(frozenset({EOS}), max_tokens, decode, text_rule, final_rule, deadline)
+NL = 99
+
+
+def rule(text_rule=lambda text: None, final_rule=lambda text: None, max_tokens=10, deadline=None,
+         whole_lines=True) -> StopRule:
+    # Token i decodes to the letter chr(ord('a') + i), NL to a line break; EOS decodes to nothing.
+    decode = lambda ids: "".join("\n" if i == NL else chr(ord("a") + i) for i in ids if i != EOS)  # noqa: E731
+    return StopRule(frozenset({EOS}), max_tokens, decode, text_rule, final_rule, deadline, whole_lines)
 
 
 def test_an_end_of_text_inside_an_accepted_run_keeps_only_what_comes_before_it():
     # One verify step accepted 5 tokens with the end-of-text as the third: plain decoding would have
     # stopped there, so the two after it are dropped.
     stop = rule().check([1, 2, EOS, 3, 4])
-    assert stop == Stop("eos", 2, None)
+    assert stop == Stop("eos", 2, 2)
     assert stop.text([1, 2, EOS, 3, 4], rule().decode) == "bc"
 
 
@@ -45,13 +49,36 @@ def test_the_stop_rule_sees_the_text_before_an_end_of_text_only():
 
 def test_max_tokens_inside_an_accepted_run():
     stop = rule(max_tokens=3).check([1, 2, 3, 4, 5])
-    assert stop == Stop("max_tokens", 3, None)
+    assert stop == Stop("max_tokens", 3, 3)
 
 
-def test_the_time_limit_stops_and_keeps_what_was_generated():
-    assert rule(deadline=time.monotonic() + 60).check([1, 2]) is None
-    stop = rule(deadline=time.monotonic() - 1, final_rule=lambda text: len(text) - 1).check([1, 2])
+def test_raw_output_ending_in_an_unfinished_utf8_sequence_keeps_only_the_finished_text():
+    """The "full" scope has no final rule: its text is the raw output, minus a character whose
+    bytes are not all there yet (plain decoding's text, as the benchmark decodes it)."""
+    decode = lambda ids: "ab\ufffd" if len(ids) == 3 else "ab"  # noqa: E731 - the third token starts a character
+    r = StopRule(frozenset({EOS}), 3, decode, lambda text: None, lambda text: None)
+    stop = r.check([1, 2, 3])
+    assert stop == Stop("max_tokens", 3, 2) and stop.text([1, 2, 3], decode) == "ab"
+
+
+def test_the_time_limit_of_raw_output_stops_and_keeps_what_was_generated():
+    assert rule(deadline=time.monotonic() + 60, whole_lines=False).check([1, 2]) is None
+    stop = rule(deadline=time.monotonic() - 1, final_rule=lambda text: len(text) - 1, whole_lines=False).check([1, 2])
     assert stop == Stop("time_limit", 2, 1)
+
+
+def test_past_the_time_limit_a_suggestion_ends_with_its_last_whole_line():
+    """Never half a line on screen: past the deadline generation goes on to the end of the first
+    line, and once a line is whole it stops there, keeping whole lines only."""
+    past = time.monotonic() - 1
+    seen = []
+    r = rule(deadline=past, final_rule=lambda text: seen.append(text) or len(text))
+    assert r.check([1, 2]) is None  # "bc": no line is whole yet
+    assert r.check([NL, 1]) is None  # "\nb": the line that ended was empty
+    stop = r.check([NL, 1, 2, NL, 3])  # "\nbc\nd": one whole line, and part of the next
+    assert stop == Stop("time_limit", 5, 3) and seen == ["\nbc"]
+    assert stop.text([NL, 1, 2, NL, 3], r.decode) == "\nbc"
+    assert rule(deadline=time.monotonic() + 60).check([1, NL, 2]) is None  # before the deadline: nothing
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from decoding.engine import Engine
 from decoding.models import quality_gate, weights
 from decoding.models.loading import load_model
 from decoding.models.specs import parse_model_spec
-from decoding.models.weight_choice import FormatTiming, TimingCache, WeightsChoice, choose_and_load
+from decoding.models.weight_choice import WORKLOADS, FormatTiming, TimingCache, WeightsChoice, choose_and_load
 from decoding.runner import ModelRunner
 
 FORMATS = ("fp32", "bf16", "int8", "int4")
@@ -115,8 +115,22 @@ class FakeLoaded:
 
 
 def fake_timings(**reference_s):
-    """Timings whose reference completion takes the given seconds (prefill share only)."""
-    return {f: FormatTiming(decode_ms=1.0, verify_ms=0.0, prefill_tok_s=1000 / s) for f, s in reference_s.items()}
+    """Timings whose reference requests take the given seconds on average (prompt reading only)."""
+    read = sum(w["share"] * w["prompt_tokens"] for w in WORKLOADS.values())
+    return {f: FormatTiming(decode_ms=1.0, verify_ms=0.0, prefill_tok_s=read / s) for f, s in reference_s.items()}
+
+
+def test_the_reference_weighs_requests_while_typing_over_cold_reads():
+    """Timings measured on this project's 2-core CPU (bf16: fast prompt reading, slow decoding;
+    gguf: the reverse, and no drafting). A cold 1,000-token request alone favours bf16; the
+    requests users mostly wait for (while typing: a short re-read, a line or two) favour gguf."""
+    bf16 = FormatTiming(decode_ms=75.96, verify_ms=88.34, prefill_tok_s=386.3)
+    gguf = FormatTiming(decode_ms=19.43, verify_ms=66.05, prefill_tok_s=241.7, drafts=False)
+    cold, typing = WORKLOADS["cold"], WORKLOADS["typing"]
+    assert bf16.request_s(cold["prompt_tokens"], cold["new_tokens"]) < gguf.request_s(cold["prompt_tokens"], cold["new_tokens"])
+    assert gguf.request_s(typing["prompt_tokens"], typing["new_tokens"]) < bf16.request_s(typing["prompt_tokens"], typing["new_tokens"])
+    assert gguf.reference_s < bf16.reference_s
+    assert sum(w["share"] for w in WORKLOADS.values()) == pytest.approx(1.0)
 
 
 def test_auto_picks_the_fastest_eligible_format_and_keeps_its_timings(tmp_path, monkeypatch):

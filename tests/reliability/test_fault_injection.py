@@ -244,7 +244,7 @@ def test_client_disconnects_mid_generation(start_server, places, tiny_model_dir)
     workspace, outside = places
     with injected("client disconnects mid-generation"):
         server = start_server(tiny_args(tiny_model_dir), env={"DRAFTWISE_TEST_FORWARD_DELAY_MS": "100"})
-        server.initialize(workspace, options={"maxTokens": 200, "scope": "full", "drafter": "none"})
+        server.initialize(workspace, options={"maxTokens": 200, "scope": "full", "drafter": "none", "maxTimeMs": 0})
         assert server.wait_for_state()["state"] == "ready"
         uri = (outside / "disconnect" / "stack.py").as_uri()
         server.open(uri, "class Stack:\n    def __init__(self):\n        self.items = []\n\n")

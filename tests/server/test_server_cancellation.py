@@ -33,8 +33,9 @@ async def slow(tiny_model_dir, workspace):
             ["--target", str(tiny_model_dir)], workspace=workspace,
             env={"DRAFTWISE_TEST_FORWARD_DELAY_MS": str(FORWARD_DELAY_MS)},
             capabilities=client_capabilities(encodings=["utf-16"]),
-            # Scope "full" and no drafting: one token per forward, no stop at a line end.
-            initialization_options={"maxTokens": LONG, "scope": "full", "drafter": "none"}) as (client, _):
+            # Scope "full" and no drafting: one token per forward, no stop at a line end, no time cap.
+            initialization_options={"maxTokens": LONG, "scope": "full", "drafter": "none",
+                                    "maxTimeMs": 0}) as (client, _):
         await wait_for_state(client)
         yield client
 

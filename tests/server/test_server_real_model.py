@@ -42,7 +42,8 @@ async def real(real_model, stdlib_copy):
     root, _, _, _ = stdlib_copy
     async with lsp_session(["--target", real_model], workspace=root,
                            capabilities=client_capabilities(encodings=["utf-16"]),
-                           initialization_options={"contextTokens": 512}) as (client, _):
+                           # no time cap: these tests look at where generation ends by itself
+                           initialization_options={"contextTokens": 512, "maxTimeMs": 0}) as (client, _):
         yield client
 
 
