@@ -118,9 +118,24 @@ class _Streamed:
     """What one answer's stream has brought so far."""
 
     started: float  # time.perf_counter() when the request started
+    soft_deadline: float | None = None  # the request's time cap (time.perf_counter()); see _past_cap
+    whole_lines: bool = True  # past the cap: end at the next line end (False, the "full" scope: at once)
     text: str = ""
     keep: int | None = None  # where a stop rule cut the text
     chunks: int = 0
+
+    def past_cap(self) -> bool:
+        """Past the time cap with something to show: for whole lines, the text is cut to its last
+        whole line; otherwise wait for one."""
+        if self.soft_deadline is None or time.perf_counter() < self.soft_deadline:
+            return False
+        if not self.whole_lines:
+            return True
+        complete = self.text[:max(0, self.text.rfind("\n"))]
+        if not complete.strip():
+            return False
+        self.text = complete
+        return True
 
     def final_text(self, stopped: str, final_rule) -> str:
         if stopped == "error":
@@ -335,9 +350,13 @@ class Engine:
             stats.stopped = "cancelled"
             return self._record(CompletionResult("", stats))
         text_rule, final_rule = completion_rules(req.prefix, req.suffix, req.language, req.path, req.scope)
-        deadline_s = min(req.time_limit_s or self.spec.timeout_s, self.spec.timeout_s)
+        # The request's time cap is soft (as in the local engine: past it the answer ends at its next
+        # line end, never empty); the spec's timeout is the hard deadline.
+        deadline_s = self.spec.timeout_s
         timer = asyncio.get_running_loop().call_later(deadline_s, self._deadline, job)
-        streamed = _Streamed(started=time.perf_counter())
+        started = time.perf_counter()
+        streamed = _Streamed(started=started, whole_lines=req.scope != "full",
+                             soft_deadline=started + req.time_limit_s if req.time_limit_s else None)
         try:
             await self._answer(job, stats, text_rule, streamed, deadline_s)
         finally:
@@ -396,6 +415,9 @@ class Engine:
                     if streamed.keep is not None:
                         stats.stopped = "stop_rule"
                         return  # leaving the block closes the stream: the server stops
+                    if streamed.past_cap():
+                        stats.stopped = "time_limit"
+                        return
                 if chunk.finish_reason:
                     stats.stopped = "max_tokens" if chunk.finish_reason == "length" else "eos"
         if not stats.stopped:  # servers end every answer with a finish reason; this one was cut off

@@ -34,7 +34,8 @@ async def client(engine, workspace):
     # A generous deadline: on a loaded 2-core machine the engine's first token can take many seconds.
     async with lsp_session(["--target", engine.target(options="timeout=180")], workspace=workspace,
                            capabilities=client_capabilities(encodings=["utf-16"]),
-                           initialization_options={"maxTokens": MAX_TOKENS}) as (client, _):
+                           # no time cap: these tests compare whole answers and cancel long ones
+                           initialization_options={"maxTokens": MAX_TOKENS, "maxTimeMs": 0}) as (client, _):
         s = await wait_for_state(client)
         assert s["state"] == "ready", s
         yield client
@@ -192,7 +193,7 @@ async def test_cancel_request_stops_the_engine_within_a_second(client, engine, o
 
 async def test_the_client_side_deadline_stops_a_long_generation(engine, workspace, outside):
     async with lsp_session(["--target", engine.target(options="timeout=2")], workspace=workspace,
-                           initialization_options={"maxTokens": LONG, "scope": "full"}) as (client, _):
+                           initialization_options={"maxTokens": LONG, "scope": "full", "maxTimeMs": 0}) as (client, _):
         await wait_for_state(client)
         uri = (outside / "deadline.py").as_uri()
         open_document(client, uri, PRIMES)
@@ -209,6 +210,23 @@ async def test_the_client_side_deadline_stops_a_long_generation(engine, workspac
         assert len(decoded) < LONG // 2
         assert len([e for e in decoded if e["start"] > answered]) <= 1
         assert decoded[-1]["start"] < answered + 1.0
+
+
+async def test_the_time_cap_ends_a_remote_answer_at_a_line_end_and_never_empty(engine, workspace, outside):
+    """maxTimeMs is soft, as in the local engine: past it the answer ends at its next line end (a
+    first token that comes after the cap is waited for, not taken as a slow server)."""
+    async with lsp_session(["--target", engine.target(options="timeout=60")], workspace=workspace,
+                           initialization_options={"maxTokens": LONG, "scope": "block", "maxTimeMs": 1}) as (client, _):
+        await wait_for_state(client)
+        uri = (outside / "capped.py").as_uri()
+        open_document(client, uri, PRIMES)
+        result = await asyncio.wait_for(
+            client.text_document_inline_completion_async(inline_params(uri, 0, len(PRIMES))), timeout=60)
+        s = await stats(client)
+        assert s["last"]["stopped"] == "time_limit", s["last"]
+        assert s["state"] == "ready" and not (s["remote"] or {}).get("problem"), s
+        text = result.items[0].insert_text
+        assert text.strip() and not text.endswith("\n") and s["last"]["generated_tokens"] < LONG
 
 
 async def test_a_wrong_model_name_is_reported_and_nothing_else_breaks(engine, workspace, outside):
