@@ -73,5 +73,9 @@ class KVStore:
         while self.entries and self.tokens_held * self.bytes_per_token > self.budget_bytes:
             self.entries.pop(0)
 
+    def holds(self, cache: Any) -> bool:
+        """Whether this very cache object is still stored (not evicted, not taken)."""
+        return any(e.cache is cache for e in self.entries)
+
     def clear(self) -> None:
         self.entries.clear()

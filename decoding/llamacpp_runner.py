@@ -225,8 +225,10 @@ class LlamaCppRunner(PrefixSync):
         """Give the stored entry that only the live sequence holds its bytes (if the store still
         keeps it), before that sequence is cropped, restored over or cleared."""
         entry, self._unsaved = self._unsaved, None
-        if entry is not None and any(e.cache is entry for e in self.store.entries):
-            self._crop_live(len(entry.tokens))  # the store may have cropped it; the rest goes anyway
+        if entry is not None and self.store.holds(entry):
+            # Nothing ran on the sequence since finish(): it holds exactly entry.tokens. The crop
+            # guarantees the saved bytes are those tokens and no more.
+            self._crop_live(len(entry.tokens))
             entry.state = self.model.save()
 
     def discard(self) -> None:

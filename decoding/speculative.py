@@ -9,6 +9,7 @@ from decoding.api import CancelToken, RequestStats
 from decoding.policy import DraftPolicy
 from decoding.runner import ModelRunner
 from decoding.sampling import Sampler
+from decoding.stop_rules import whole_lines
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ class StopRule:
     def _past_deadline(self, n: int, text: str) -> Stop | None:
         if not self.whole_lines:
             return Stop("time_limit", n, self._keep(text))
-        complete = text[:max(0, text.rfind("\n"))]
-        if not complete.strip():  # not one whole line yet: go on to the end of the first
+        complete = whole_lines(text)
+        if complete is None:  # not one whole line yet: go on to the end of the first
             return None
         return Stop("time_limit", n, self._keep(complete))
 

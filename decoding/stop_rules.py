@@ -474,6 +474,13 @@ def _never(text: str) -> None:
     return None
 
 
+def whole_lines(text: str) -> str | None:
+    """`text` up to its last line end (that line end left out), or None while no line with
+    anything on it is whole: where a suggestion past its time cap may end."""
+    complete = text[:max(0, text.rfind("\n"))]
+    return complete if complete.strip() else None
+
+
 def completion_rules(prefix: str, suffix: str, language: str, path: str, requested_scope: str
                      ) -> tuple[Callable[[str], int | None], Callable[[str], int | None]]:
     """A request's text rule (checked as text arrives) and final rule (where to end it when the model

@@ -42,8 +42,8 @@ class Settings:
     alternatives: int = 3  # most items for an explicitly invoked completion (the greedy one included)
     idle_work: bool = True  # read prompts ahead while the user types, prefetch after a suggestion is shown
     # Past this long a suggestion ends at its next line end (so a block shows its first lines fast;
-    # prefetch brings the rest when they are taken); 0: no cap. 500 ms keeps a pause's wait under a
-    # second on a 2-core CPU (README, "What typing feels like").
+    # prefetch brings the rest when they are taken); 0: no cap. 300 ms kept a pause's wait under a
+    # second on a 2-core CPU in the typing replay (README, "What typing feels like").
     max_time_ms: int = 300
 
     def serves_language(self, language_id: str) -> bool:

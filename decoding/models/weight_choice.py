@@ -1,8 +1,9 @@
 """`--weights auto`: the fastest format whose quality passes the gate, measured on this device.
 
 CUDA gets bf16. On a CPU every eligible format is loaded once and timed on the requests users wait
-for (WORKLOADS below: mostly requests while typing, some cold); the timings are kept in $DRAFTWISE_HOME, keyed by model, CPU, torch version
-and thread count, so later starts only load the winner. A format whose kernel is missing or fails
+for (WORKLOADS below: mostly requests while typing, some cold); the timings are kept in
+$DRAFTWISE_HOME, keyed by model, CPU, torch version and thread count, so later starts only load the
+winner. A format whose kernel is missing or fails
 gives one log line and the next format.
 """
 from __future__ import annotations

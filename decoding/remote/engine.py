@@ -31,7 +31,7 @@ from decoding.api import CancelToken, CompletionRequest, CompletionResult, Engin
 from decoding.errors import DraftwiseError, EngineNotReady, ModelNotAvailable, ModelSpecError, check_request
 from decoding.jobs import Job, JobRegistry
 from decoding.prompt import valid_text
-from decoding.stop_rules import completion_rules
+from decoding.stop_rules import completion_rules, whole_lines
 from decoding.remote import backends
 from decoding.remote.secrets import api_key_from_env
 from decoding.remote.spec import RemoteSpec, parse_remote_target
@@ -118,7 +118,7 @@ class _Streamed:
     """What one answer's stream has brought so far."""
 
     started: float  # time.perf_counter() when the request started
-    soft_deadline: float | None = None  # the request's time cap (time.perf_counter()); see _past_cap
+    soft_deadline: float | None = None  # the request's time cap (time.perf_counter()); see past_cap
     whole_lines: bool = True  # past the cap: end at the next line end (False, the "full" scope: at once)
     text: str = ""
     keep: int | None = None  # where a stop rule cut the text
@@ -131,8 +131,8 @@ class _Streamed:
             return False
         if not self.whole_lines:
             return True
-        complete = self.text[:max(0, self.text.rfind("\n"))]
-        if not complete.strip():
+        complete = whole_lines(self.text)
+        if complete is None:
             return False
         self.text = complete
         return True
