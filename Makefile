@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 REMOTE_STAMP := $(VENV)/.installed-remote
 LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 
-.PHONY: setup setup-llamacpp models demo test test-fast test-editors test-reliability test-remote bench clean
+.PHONY: setup setup-llamacpp llama-server models demo test test-fast test-editors test-reliability test-remote bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,25 @@ $(LLAMACPP_STAMP): $(STAMP)
 	touch $(LLAMACPP_STAMP)
 
 setup-llamacpp: $(LLAMACPP_STAMP)
+
+# llama.cpp's own server, for `draftwise replay`'s run of the peer's path (llama.vim's logic on
+# llama-server's /infill, same GGUF). Built from llama-cpp-python's source package, which vendors
+# llama.cpp (PyPI is reachable where model hubs and GitHub may not be): ~15 minutes on 2 cores, once.
+LLAMA_SERVER := $(BIN)/llama-server
+LLAMA_SERVER_SRC := $(VENV)/llama-server-src
+LLAMACPP_PYTHON ?= llama-cpp-python==0.3.36
+$(LLAMA_SERVER): $(STAMP)
+	rm -rf $(LLAMA_SERVER_SRC) && mkdir -p $(LLAMA_SERVER_SRC)
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: "$(LLAMACPP_PYTHON)" -d $(LLAMA_SERVER_SRC)
+	tar xzf $(LLAMA_SERVER_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_SERVER_SRC)
+	cmake -S $(LLAMA_SERVER_SRC)/llama_cpp_python-*/vendor/llama.cpp -B $(LLAMA_SERVER_SRC)/build \
+	  -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
+	  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+	cmake --build $(LLAMA_SERVER_SRC)/build --target llama-server -j $$(nproc) >/dev/null
+	cp $(LLAMA_SERVER_SRC)/build/bin/llama-server $(LLAMA_SERVER)
+	rm -rf $(LLAMA_SERVER_SRC)
+
+llama-server: $(LLAMA_SERVER)
 
 models: setup
 	$(BIN)/draftwise models pull $(PRESET)

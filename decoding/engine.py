@@ -36,7 +36,8 @@ class Engine:
         self._last: RequestStats | None = None
         self._requests = 0
         # Idle work (prepare, and submit(idle=True)): counted apart from the requests users wait for.
-        self._idle = {"prepared_tokens": 0, "read_aheads": 0, "prefetches": 0, "cancelled": 0}
+        # joined: idle jobs a request then waited for instead of starting over.
+        self._idle = {"prepared_tokens": 0, "read_aheads": 0, "prefetches": 0, "cancelled": 0, "joined": 0}
 
     # ---- loading ------------------------------------------------------------------------------
     def start_loading(self, progress: Progress | None = None) -> concurrent.futures.Future:
@@ -83,14 +84,35 @@ class Engine:
         waits for it (a prefetch): any request that is not idle cancels it."""
         self._ready_models()
         check_request(request)
+        if cancel is None:
+            # The same request as idle work already started (a prefetch, then the edit that accepts
+            # it): keep that job rather than starting over.
+            same = self.jobs.idle_for(request) if idle else self._join_idle(request, version)
+            if same is not None:
+                return same
         return self._queue(Job(request, cancel, version, idle), self._run)
+
+    def _join_idle(self, request: CompletionRequest, version: int) -> Job | None:
+        """An idle job computing exactly this request (a suggestion started when the user paused, or
+        a prefetch): the user now waits for it. It goes on, or has its answer already, instead of
+        being cancelled and started over."""
+        with self._lock:  # _record reads job.idle under it: the job counts once as a request
+            job = self.jobs.claim_idle(request, version)
+            if job is None:
+                return None
+            self._idle["joined"] += 1
+            if job.recorded is not None:  # it ended before the user asked: count it as a request now
+                self._count_request(job.recorded)
+        log.info("request: joined idle work for the same prompt (%s)",
+                 "its answer was ready" if job.recorded is not None else "still running")
+        return job
 
     def prepare(self, request: CompletionRequest) -> Job:
         """Idle work: read the prompt this request would have into the KV caches, so that the same
         request, when the user asks, starts from them. Any request that is not idle cancels it
         within one prefill chunk. The job's result is the number of prompt tokens read."""
         self._ready_models()
-        return self._queue(Job(request, idle=True), self._read_ahead)
+        return self._queue(Job(request, idle=True, prompt_only=True), self._read_ahead)
 
     def _queue(self, job: Job, run) -> Job:
         self.jobs.add(job)
@@ -115,14 +137,14 @@ class Engine:
         request, cancel, models = job.request, job.cancel_token, self._ready_models()
         if cancel.cancelled:  # cancelled while queued: no model time spent
             stats = RequestStats(drafter=request.drafter or self.config.drafter, stopped="cancelled")
-            return self._record(CompletionResult("", stats), idle=job.idle)
+            return self._record(CompletionResult("", stats), job)
         if (request.drafter or self.config.drafter) == "model":
             ensure_draft_model(models, self.config)  # asked for by name: load it if `auto` left it out
         plan = build_plan(models, self.config, request)
         result, stop = run_plan(models, plan, cancel)
         if request.alternatives and stop.reason != "cancelled":
             result.alternatives = alternatives.generate(models, plan, result.text, cancel)
-        return self._record(result, idle=job.idle)
+        return self._record(result, job)
 
     def _read_ahead(self, job: Job) -> int:
         read = 0 if job.cancel_token.cancelled else read_prompt_ahead(self._ready_models(), job.request,
@@ -133,22 +155,27 @@ class Engine:
             self._idle["cancelled"] += job.cancel_token.cancelled
         return read
 
-    def _record(self, result: CompletionResult, idle: bool = False) -> CompletionResult:
+    def _record(self, result: CompletionResult, job: Job) -> CompletionResult:
         s = result.stats
+        with self._lock:
+            job.recorded, idle = s, job.idle
+            if idle:
+                self._idle["prefetches"] += 1
+                self._idle["cancelled"] += s.stopped == "cancelled"
+            else:
+                self._count_request(s)
         # Where a request's time went, one line each (cancelled ones only in debug logs: one a keystroke).
         log.log(logging.DEBUG if idle or s.stopped == "cancelled" else logging.INFO,
                 "%s: prompt %d tokens (%d reused), prefill %.0f ms, first token %.0f ms, %d tokens in %.0f ms, "
-                "stopped: %s", "prefetch" if idle else "request", s.prompt_tokens, s.reused_prompt_tokens,
+                "stopped: %s", "idle" if idle else "request", s.prompt_tokens, s.reused_prompt_tokens,
                 s.prefill_ms, s.first_token_ms, s.generated_tokens, s.decode_ms, s.stopped)
-        with self._lock:
-            if idle:
-                self._idle["prefetches"] += 1
-                self._idle["cancelled"] += result.stats.stopped == "cancelled"
-                return result
-            self._requests += 1
-            self._last = result.stats
-            self._cumulative.add(result.stats)
         return result
+
+    def _count_request(self, stats: RequestStats) -> None:
+        """Under self._lock: one request a user waited for."""
+        self._requests += 1
+        self._last = stats
+        self._cumulative.add(stats)
 
     # ---- reporting ----------------------------------------------------------------------------
     def info(self) -> dict:

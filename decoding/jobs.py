@@ -17,11 +17,13 @@ class Job:
     """One submitted request: cancel it from any thread, await it from asyncio."""
 
     def __init__(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
-                 idle: bool = False):
+                 idle: bool = False, prompt_only: bool = False):
         self.request = request
+        self.prompt_only = prompt_only  # reads the prompt ahead (Engine.prepare); its result is a count
         self.version = version  # the document version the request was made for
-        self.idle = idle  # idle work: any request a user waits for cancels it
+        self.idle = idle  # idle work: any request a user waits for cancels it (or joins it: Engine.submit)
         self.cancel_token = cancel or CancelToken()
+        self.recorded = None  # the engine's stats of its result, once counted (Engine._record)
         self.future: concurrent.futures.Future = concurrent.futures.Future()
 
     def cancel(self) -> None:
@@ -44,26 +46,71 @@ class JobRegistry:
     def __init__(self) -> None:
         self._latest: dict[str, Job] = {}
         self._idle: dict[str, Job] = {}
+        # Idle jobs that ended uncancelled, until the user asks for them (claim_idle) or newer work
+        # for their document replaces them: a suggestion computed before the editor asked.
+        self._idle_done: dict[str, Job] = {}
         self._lock = threading.Lock()
 
     def add(self, job: Job) -> None:
         """Register job as its document's latest; the previous one is cancelled (latest wins)."""
-        table = self._idle if job.idle else self._latest
         with self._lock:
-            previous = table.get(job.request.document)
-            table[job.request.document] = job
-            idle = [] if job.idle else list(self._idle.values())
-            if not job.idle:
-                self._idle.clear()
-        for old in [previous, *idle]:
-            if old is not None:
-                old.cancel()
+            old = self._register(job)
+        for job in old:
+            job.cancel()
+
+    def _register(self, job: Job) -> list[Job]:
+        """Under the lock: job becomes its document's latest (or latest idle) job; the jobs to cancel."""
+        document = job.request.document
+        self._idle_done.pop(document, None)
+        table = self._idle if job.idle else self._latest
+        previous = table.get(document)
+        table[document] = job
+        idle = [] if job.idle else list(self._idle.values())
+        if not job.idle:
+            self._idle.clear()
+        return [j for j in (previous, *idle) if j is not None]
+
+    def idle_for(self, request: CompletionRequest) -> Job | None:
+        """The document's idle job computing exactly `request` (running, or ended uncancelled)."""
+        with self._lock:
+            return self._idle_computing(request)
+
+    def _idle_computing(self, request: CompletionRequest) -> Job | None:
+        job = self._idle.get(request.document) or self._idle_done.get(request.document)
+        if job is None or job.prompt_only or job.cancel_token.cancelled or job.request != request:
+            return None
+        return job
+
+    def claim_idle(self, request: CompletionRequest, version: int) -> Job | None:
+        """The document's idle job, running or ended, if it computes exactly `request`: the user now
+        waits for it, so it becomes the document's latest job for `version` (cancelled by newer
+        requests and edits like any) instead of being cancelled and started over. None when there is
+        no such job. The caller counts it as a request (Engine._join_idle)."""
+        document = request.document
+        with self._lock:
+            running = self._idle.get(document)
+            job = self._idle_computing(request)
+            if job is None:
+                return None
+            job.idle, job.version = False, version
+            if job is running:
+                del self._idle[document]
+                old = self._register(job)
+            else:  # it has ended: nothing to register or cancel
+                del self._idle_done[document]
+                old = []
+        for other in old:
+            other.cancel()
+        return job
 
     def done(self, job: Job) -> None:
-        table = self._idle if job.idle else self._latest
+        document = job.request.document
         with self._lock:
-            if table.get(job.request.document) is job:
-                del table[job.request.document]
+            table = self._idle if job.idle else self._latest
+            if table.get(document) is job:
+                del table[document]
+                if job.idle and not job.prompt_only and not job.cancel_token.cancelled:
+                    self._idle_done[document] = job
 
     def document_changed(self, document: str, version: int) -> None:
         """The document moved past the version its running job was made for: stop that job now."""
@@ -77,6 +124,7 @@ class JobRegistry:
     def document_closed(self, document: str) -> None:
         with self._lock:
             jobs = [self._latest.pop(document, None), self._idle.pop(document, None)]
+            self._idle_done.pop(document, None)
         for job in jobs:
             if job is not None:
                 job.cancel()
@@ -84,7 +132,7 @@ class JobRegistry:
     def cancel_all(self) -> None:
         with self._lock:
             jobs = [*self._latest.values(), *self._idle.values()]
-            self._latest, self._idle = {}, {}
+            self._latest, self._idle, self._idle_done = {}, {}, {}
         for job in jobs:
             job.cancel()
 

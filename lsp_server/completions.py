@@ -257,6 +257,17 @@ class Completions:
             temperature=settings.temperature, draft_hint=self.typeahead.draft_hint(doc.uri, prefix),
             time_limit_s=settings.max_time_ms / 1000 if settings.max_time_ms else None)
 
+    def idle_request(self, doc: OpenDocument, offset: int) -> tuple[CompletionRequest, bool]:
+        """The request the editor will send if the user stops with the cursor at `offset`, and whether
+        it is worth computing before it comes (False: suggest() would not ask the engine first, as
+        inside a word or along a shown suggestion; reading its prompt ahead still pays)."""
+        prefix, suffix = doc.text[:offset], doc.text[offset:]
+        request = self.request_at(doc, prefix, suffix, self.settings())
+        line_before, line_after = cursor_line(prefix, suffix)
+        generate = (not mid_word(line_before, line_after)
+                    and self.typeahead.continuation(doc.uri, prefix, suffix) is None)
+        return request, generate
+
     def _submit(self, request: CompletionRequest, version: int, idle: bool = False):
         try:
             return self.host.submit(request, version, idle=idle)

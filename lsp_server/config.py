@@ -40,7 +40,7 @@ class Settings:
     languages: tuple[str, ...] | None = None  # LSP language ids to complete in; None: all
     scope: str = "auto"  # passed to the engine with each request
     alternatives: int = 3  # most items for an explicitly invoked completion (the greedy one included)
-    idle_work: bool = True  # read prompts ahead while the user types, prefetch after a suggestion is shown
+    idle_work: bool = True  # start suggestions at pauses, read prompts ahead, prefetch after a shown one
     # Past this long a suggestion ends at its next line end (so a block shows its first lines fast;
     # prefetch brings the rest when they are taken); 0: no cap. 300 ms kept a pause's wait under a
     # second on a 2-core CPU in the typing replay (README, "What typing feels like").

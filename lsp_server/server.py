@@ -23,7 +23,7 @@ from lsp_server.completions import (
 from lsp_server.config import KNOWN_KEYS, SECTION as SETTINGS_SECTION, Settings, apply_settings
 from lsp_server.documents import DocumentStore
 from lsp_server.engine_host import EngineHost
-from lsp_server.idle_work import IdlePrefill
+from lsp_server.idle_work import IdleWork
 from lsp_server.progress import LoadProgress
 from lsp_server.protocol import DraftwiseProtocol, arrival_version
 
@@ -58,7 +58,7 @@ class DraftwiseServer(LanguageServer):
         self.engine_host.on_notice = self.show_engine_notice
         self.completions = Completions(self.documents, self.engine_host, lambda: self.settings,
                                        self.workspace_folders)
-        self.idle_prefill = IdlePrefill(self.completions, self.engine_host, lambda: self.settings)
+        self.idle_work = IdleWork(self.completions, self.engine_host, lambda: self.settings)
         self.client_has_inline_completion = False
         self.client_reads_markdown_docs = False
         self._pending_problems: list[str] = []
@@ -204,7 +204,7 @@ def _add_life_cycle(server: DraftwiseServer) -> None:
 
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: DraftwiseServer, params: None) -> None:
-        ls.idle_prefill.close()
+        ls.idle_work.close()
         await ls.engine_host.close(wait_s=2.0)
 
 
@@ -219,7 +219,7 @@ def _add_document_sync(server: DraftwiseServer) -> None:
         doc = params.text_document
         changed = ls.documents.change(doc.uri, doc.version, params.content_changes)
         ls.engine_host.document_changed(doc.uri, doc.version)
-        ls.idle_prefill.document_changed(changed)
+        ls.idle_work.document_changed(changed)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DraftwiseServer, params: types.DidCloseTextDocumentParams) -> None:

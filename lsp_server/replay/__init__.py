@@ -4,6 +4,6 @@ what a user feels: how long after they stop typing a suggestion appears, and how
 - `keystrokes`: the typing (human timing from a seeded RNG) and the rule for taking a suggestion;
 - `editor`: the editor's side (debounce, cancellation, ghost text, Tab) for VS Code and Neovim;
 - `draftwise_backend`: `draftwise serve` as a child process over stdio;
-- `llamacpp_infill`: whether llama.cpp's /infill (the peer's path) can be driven here;
+- `llama_vim`: the peer's path, llama.vim's logic against llama.cpp's `llama-server` /infill;
 - `corpus`, `runs`, `report`, `cli`: what is typed, the runs compared, the table and JSON.
 """

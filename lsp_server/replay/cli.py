@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lsp_server.replay import corpus, report
 from lsp_server.replay.editor import CLIENTS
-from lsp_server.replay.runs import make_replay, run_draftwise
+from lsp_server.replay.runs import make_replay, run_draftwise, run_llama_vim
 
 IDLE_RUNS = {"on": (True,), "off": (False,), "both": (False, True)}
 
@@ -28,8 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speed", type=float, default=1.0,
                    help="divide every typing delay by this (tests type fast; default: %(default)s)")
     p.add_argument("--llamacpp", choices=("auto", "off"), default="auto",
-                   help="also try llama.cpp's /infill on the same GGUF when the extra is installed "
-                        "(default: %(default)s)")
+                   help="also type the files through llama.vim's logic and llama.cpp's llama-server /infill "
+                        "on the same GGUF, when a llama-server binary is found (default: %(default)s)")
+    p.add_argument("--llama-server", metavar="PATH",
+                   help="the llama-server binary (default: on PATH, or next to this Python; "
+                        "`make llama-server` builds one)")
+    p.add_argument("--max-time-ms", type=int, metavar="MS",
+                   help="the server's maxTimeMs setting, the cap on one suggestion's generation "
+                        "(default: the server's own)")
     p.add_argument("--json", dest="json_path", metavar="OUT", help="write every figure to OUT")
     p.add_argument("--server-logs", metavar="DIR", type=Path,
                    help="keep each run's server log in DIR (server-on.log, server-off.log)")
@@ -52,9 +58,25 @@ def _profiles(name: str, count: int) -> list:
     return [CLIENTS[name] if name in CLIENTS else order[i % len(order)] for i in range(count)]
 
 
+def _llama_vim_setup(args) -> dict:
+    """{"binary", "gguf"} for the llama.vim run, or {"reason"} why it cannot run here."""
+    from decoding.models.loading import gguf_file
+    from lsp_server.replay.llama_vim import find_llama_server
+
+    binary = find_llama_server(args.llama_server)
+    if binary is None:
+        where = args.llama_server or "on PATH or next to this Python"
+        return {"reason": f"no llama-server binary ({where}); `make llama-server` builds one from "
+                          "llama-cpp-python's source"}
+    gguf = gguf_file(args.target)
+    if gguf is None:
+        return {"reason": f"no GGUF file for {args.target}"}
+    return {"binary": binary, "gguf": str(gguf)}
+
+
 def run(args) -> int:
-    if args.chars < 1 or args.speed <= 0:
-        raise corpus.CorpusError("--chars must be at least 1 and --speed positive")
+    if args.chars < 1 or args.speed <= 0 or (args.max_time_ms is not None and args.max_time_ms < 0):
+        raise corpus.CorpusError("--chars must be at least 1, --speed positive and --max-time-ms not negative")
     regions = (corpus.regions_of([Path(f) for f in args.files], args.chars, args.seed) if args.files
                else corpus.default_regions(args.chars, args.seed))
     if args.server_logs:
@@ -68,12 +90,15 @@ def run(args) -> int:
             "files": [{"path": r.path, "language": r.language, "line": r.line, "chars": len(r.text)} for r in regions],
             "runs": {}, "not_run": {}}
     for idle in IDLE_RUNS[args.idle]:
-        data["runs"]["on" if idle else "off"] = run_draftwise(replay, serve_args(args), idle, say, args.server_logs)
+        settings = {} if args.max_time_ms is None else {"maxTimeMs": args.max_time_ms}
+        data["runs"]["on" if idle else "off"] = run_draftwise(replay, serve_args(args), idle, say, args.server_logs,
+                                                              settings)
     if args.llamacpp == "auto":
-        from lsp_server.replay.llamacpp_infill import infill_status
-
-        status = infill_status(args.target)
-        (data["runs"] if status["run"] else data["not_run"])["llamacpp"] = status
+        peer = _llama_vim_setup(args)
+        if "reason" in peer:
+            data["not_run"]["llamacpp"] = peer
+        else:
+            data["runs"]["llamacpp"] = run_llama_vim(replay, peer["binary"], peer["gguf"], say)
     report.print_table(data)
     if args.json_path:
         report.write_json(data, args.json_path)

@@ -17,8 +17,10 @@ LOAD_TIMEOUT_S = 600.0
 
 
 class DraftwiseBackend:
-    def __init__(self, serve_args: list[str], idle: bool, workspace: Path, log_path: Path) -> None:
+    def __init__(self, serve_args: list[str], idle: bool, workspace: Path, log_path: Path,
+                 settings: dict | None = None) -> None:
         self.idle = idle
+        self.settings = {**(settings or {}), IDLE_SETTING: idle}  # the server's settings (draftwise.*)
         self.workspace = workspace
         self.server = RawServer(serve_args, log_path=log_path, command=SERVE)
         self.process = psutil.Process(self.server.pid)
@@ -26,7 +28,7 @@ class DraftwiseBackend:
     def start(self) -> dict:
         """Initialize with the idle setting (in the options and once more as a configuration
         change, as editors send it) and wait for the model; returns `draftwise/stats`."""
-        settings = {IDLE_SETTING: self.idle}
+        settings = self.settings
         self.server.initialize(self.workspace, options=settings, encodings=["utf-32"])
         self.server.notify("workspace/didChangeConfiguration", {"settings": {"draftwise": settings}})
         stats = self.server.wait_for_state(timeout=LOAD_TIMEOUT_S)
@@ -43,8 +45,9 @@ class DraftwiseBackend:
         times = self.process.cpu_times()
         return times.user + times.system + times.children_user + times.children_system
 
-    def stats(self) -> dict:
-        return self.server.stats()
+    def final_report(self) -> dict:
+        """After the typing, before stop(): the server's stats and whether it took the idle setting."""
+        return {"stats": self.server.stats(), "idle_setting_known": self.idle_setting_known()}
 
     def stop(self) -> None:
         try:

@@ -77,27 +77,50 @@ def by_client(results: Sequence[FileResult]) -> dict:
     return {n: summarize([r for r in results if r.client == n], None) for n in names}
 
 
-def run_draftwise(replay: Replay, serve_args: list[str], idle: bool, say=print, logs: Path | None = None) -> dict:
+def run_draftwise(replay: Replay, serve_args: list[str], idle: bool, say=print, logs: Path | None = None,
+                  settings: dict | None = None) -> dict:
     """Start a server with idle work on or off, type every file, stop it. logs: a folder to keep the
-    server's log in (server-on.log / server-off.log)."""
+    server's log in (server-on.log / server-off.log); settings: more server settings (maxTimeMs)."""
+    name = f"idle work {'on' if idle else 'off'}"
     with tempfile.TemporaryDirectory(prefix="draftwise-replay-") as tmp:
         workspace = Path(tmp) / "workspace"
         workspace.mkdir()
         log_path = (logs or Path(tmp)) / f"server-{'on' if idle else 'off'}.log"
-        backend = DraftwiseBackend(serve_args, idle, workspace, log_path)
-        try:
-            say(f"idle work {'on' if idle else 'off'}: loading the model ...")
-            loaded = backend.start()
-            cpu0 = backend.cpu_seconds()
-            say(f"idle work {'on' if idle else 'off'}: typing {len(replay.regions)} files ...")
-            results = type_files(backend, replay, workspace)
-            time.sleep(SETTLE_S / replay.speed)
-            compute_s = backend.cpu_seconds() - cpu0
-            stats, known = backend.stats(), backend.idle_setting_known()
-        finally:
-            backend.stop()
-    return {**summarize(results, compute_s), "by_client": by_client(results),
-            "settings": {"idleWork": idle, "idle_setting_known_to_server": known,
-                         "weights": loaded.get("weights"), "drafter": loaded.get("drafter"),
-                         "device": loaded.get("device")},
-            "server_suggestions": stats.get("suggestions"), "files": [r.to_dict() for r in results]}
+        backend = DraftwiseBackend(serve_args, idle, workspace, log_path, settings)
+        run, loaded, final, results = _type_with(backend, replay, workspace, name, say)
+    return {**run, "settings": {**(settings or {}), "idleWork": idle,
+                                "idle_setting_known_to_server": final["idle_setting_known"],
+                                "weights": loaded.get("weights"), "drafter": loaded.get("drafter"),
+                                "device": loaded.get("device")},
+            "server_suggestions": final["stats"].get("suggestions"), "files": [r.to_dict() for r in results]}
+
+
+def run_llama_vim(replay: Replay, binary: str, gguf: str, say=print) -> dict:
+    """The same keystrokes through llama.vim's logic and llama-server's /infill (every file with
+    llama.vim's editor behaviour instead of the file's client)."""
+    from lsp_server.replay.llama_vim import LLAMA_VIM, SERVER_FLAGS, LlamaVimBackend
+
+    backend = LlamaVimBackend(binary, gguf)
+    as_llama_vim = Replay(replay.regions, replay.plans, [LLAMA_VIM] * len(replay.regions), replay.speed)
+    with tempfile.TemporaryDirectory(prefix="draftwise-replay-") as tmp:
+        run, _, final, results = _type_with(backend, as_llama_vim, Path(tmp), "llama.vim + llama-server", say)
+    return {**run, "settings": {"server": "llama-server /infill", "gguf": Path(gguf).name,
+                                "server_flags": SERVER_FLAGS, **final},
+            "files": [r.to_dict() for r in results]}
+
+
+def _type_with(backend, replay: Replay, workspace: Path, name: str, say) -> tuple[dict, dict, dict, list[FileResult]]:
+    """Start the backend, type every file, stop it: the run's figures, what start() reported, the
+    backend's final report and each file's result."""
+    try:
+        say(f"{name}: loading the model ...")
+        loaded = backend.start()
+        cpu0 = backend.cpu_seconds()
+        say(f"{name}: typing {len(replay.regions)} files ...")
+        results = type_files(backend, replay, workspace)
+        time.sleep(SETTLE_S / replay.speed)
+        compute_s = backend.cpu_seconds() - cpu0
+        final = backend.final_report()
+    finally:
+        backend.stop()
+    return {**summarize(results, compute_s), "by_client": by_client(results)}, loaded, final, results

@@ -92,3 +92,74 @@ def test_an_idle_job_for_a_document_replaces_the_previous_one(engine):
         assert len(engine.jobs) == 0
     finally:
         engine.models.target_runner.test_delay_s = 0.0
+
+
+def test_a_request_joins_the_idle_job_computing_it_and_gets_the_same_text(engine):
+    request = CompletionRequest(prefix=LONG_PREFIX + "    done = ", document="joined", scope="full", max_tokens=8)
+    cold = engine.complete(CompletionRequest(prefix=request.prefix, document="joined-cold", scope="full",
+                                             max_tokens=8))
+    runner = engine.models.target_runner
+    before, forwards = engine.stats(), runner.forwards
+    runner.test_delay_s = 0.02
+    try:
+        idle = engine.submit(request, version=3, idle=True)
+        while runner.forwards == forwards:  # it is running when the user asks
+            time.sleep(0.005)
+        real = engine.submit(request, version=3)
+        result = real.result(timeout=60)
+    finally:
+        runner.test_delay_s = 0.0
+    assert real is idle and not idle.idle, "the request waited for the running job instead of starting over"
+    assert result.text == cold.text and result.stats.stopped != "cancelled"
+    after = engine.stats()
+    assert after["requests"] == before["requests"] + 1
+    assert after["idle"]["joined"] == before["idle"]["joined"] + 1
+    assert after["idle"]["prefetches"] == before["idle"]["prefetches"], "counted once, as the request it became"
+    assert after["last"]["generated_tokens"] == result.stats.generated_tokens
+    # One job's forwards in all (its prompt read, then its generation): nothing started over.
+    s = result.stats
+    prefill_forwards = -(-(s.prompt_tokens - 1 - s.reused_prompt_tokens) // PREFILL_CHUNK)
+    assert runner.forwards - forwards == prefill_forwards + s.target_forwards
+    engine.jobs.document_changed("joined", 4)  # an edit after it: nothing left to stop
+    assert len(engine.jobs) == 0
+
+
+def test_an_idle_job_that_ended_answers_the_request_at_once_and_counts_as_it(engine):
+    request = CompletionRequest(prefix=LONG_PREFIX + "    last = ", document="ended", scope="full", max_tokens=6)
+    idle = engine.submit(request, idle=True)
+    text = idle.result(timeout=60).text
+    before = engine.stats()
+    real = engine.submit(request, version=2)
+    assert real is idle and real.future.done()
+    assert real.result().text == text
+    after = engine.stats()
+    assert after["requests"] == before["requests"] + 1 and after["idle"]["joined"] == before["idle"]["joined"] + 1
+    # Claimed once: asking again runs the model (the answer is the same, greedy).
+    again = engine.submit(request, version=2)
+    assert again is not idle and again.result(timeout=60).text == text
+
+
+def test_only_the_same_request_joins_and_a_read_ahead_is_never_joined(engine):
+    request = CompletionRequest(prefix=LONG_PREFIX + "    other = ", document="differs", scope="full", max_tokens=6)
+    idle = engine.submit(request, idle=True)
+    idle.result(timeout=60)
+    changed = engine.submit(CompletionRequest(prefix=request.prefix + "1", document="differs", scope="full",
+                                              max_tokens=6))
+    assert changed is not idle and changed.result(timeout=60).stats.stopped != "cancelled"
+    assert engine.submit(request) is not idle, "a newer request for the document dropped the ended idle job"
+    read = engine.prepare(request)
+    read.result(timeout=60)
+    real = engine.submit(request)
+    assert real is not read and isinstance(real.result(timeout=60).text, str)
+
+
+def test_idle_work_for_a_request_already_being_computed_keeps_that_job(engine):
+    request = CompletionRequest(prefix=LONG_PREFIX + "    again = ", document="kept", scope="full", max_tokens=6)
+    engine.models.target_runner.test_delay_s = 0.02
+    try:
+        first = engine.submit(request, idle=True)  # a prefetch for after a suggestion
+        second = engine.submit(request, idle=True)  # idle work after the edit that accepts it
+        assert second is first and not first.cancel_token.cancelled
+        first.result(timeout=60)
+    finally:
+        engine.models.target_runner.test_delay_s = 0.0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from lsp_server.completions import mid_word
 from lsp_server.postprocess import (
     Edit, IndentStyle, closers_of_earlier_text, convert_indent, detect_indent, open_quote, shape,
 )
@@ -105,3 +106,12 @@ def test_closers_of_earlier_text():
 def test_repeated_punctuation_after_a_covered_bracket_is_trimmed():
     edit = shape("x);", "foo(", ");", SPACES4)
     assert applied("foo(", ");", edit) == "foo(x);"
+
+
+def test_the_mid_word_rule_needs_a_word_character_on_both_sides():
+    assert mid_word("    va", "lue = 1")
+    assert mid_word("x_", "1")
+    assert not mid_word("", "value = 1")  # the start of a line: new code goes before it
+    assert not mid_word("value ", "= 1")
+    assert not mid_word("print(", "x)")
+    assert not mid_word("value", "")  # the end of a word: completing it is the point

@@ -1,5 +1,6 @@
-"""Idle work through a real server process with the tiny model: the prompt read ahead while typing,
-the next suggestion prefetched after one is shown, no generation mid-word, and the time cap."""
+"""Idle work through a real server process with the tiny model: the suggestion started while the user
+pauses (the editor's request joins it), the prompt read ahead where no suggestion is asked for, the
+next suggestion prefetched after one is shown, no generation mid-word, and the time cap."""
 from __future__ import annotations
 
 import asyncio
@@ -34,6 +35,17 @@ async def until(client, predicate, timeout: float = 20.0) -> dict:
         await asyncio.sleep(0.05)
 
 
+async def settled(client) -> dict:
+    """Stats once the earlier tests' idle work is over (no idle count changed for 0.3 s)."""
+    current = await stats(client)
+    for _ in range(100):
+        await asyncio.sleep(0.3)
+        previous, current = current, await stats(client)
+        if previous["idle"] == current["idle"]:
+            return current
+    raise AssertionError(f"idle work never settled: {current['idle']}")
+
+
 async def test_no_generation_inside_a_word_unless_invoked(client, workspace):
     uri = (workspace / "mid-word.py").as_uri()
     open_document(client, uri, "value = compute(other)\n")
@@ -49,14 +61,31 @@ async def test_no_generation_inside_a_word_unless_invoked(client, workspace):
     assert invoked is not None
 
 
-async def test_typing_reads_the_prompt_ahead_and_the_request_reuses_it(client, workspace):
+async def test_typing_starts_the_suggestion_and_the_editors_request_joins_it(client, workspace):
     uri = (workspace / "typed.py").as_uri()
     open_document(client, uri, TEXT)
-    before = (await stats(client))["idle"]["prepared_tokens"]
+    before = await stats(client)
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
-    await until(client, lambda s: s["idle"]["prepared_tokens"] > before)
+    # The suggestion at the end of the edit was computed in the quiet period, before the editor asked.
+    await until(client, lambda s: s["idle"]["prefetches"] > before["idle"]["prefetches"])
     result = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 1))
-    assert result is not None
+    assert result is not None and result.items
+    after = await stats(client)
+    assert after["idle"]["joined"] == before["idle"]["joined"] + 1, "the request took the idle job's answer"
+    assert after["requests"] == before["requests"] + 1
+    assert after["last"]["prompt_tokens"] > 0 and after["last"]["generated_tokens"] > 0
+
+
+async def test_an_edit_inside_a_word_reads_the_prompt_ahead_and_the_request_reuses_it(client, workspace):
+    uri = (workspace / "mid-word-typed.py").as_uri()
+    open_document(client, uri, "names = sorted(entries)\n")
+    before = await settled(client)
+    client.text_document_did_change(insert_change(uri, 2, 0, 3, "e"))  # nam|es: no suggestion there
+    await until(client, lambda s: s["idle"]["prepared_tokens"] > before["idle"]["prepared_tokens"])
+    assert (await stats(client))["idle"]["prefetches"] == before["idle"]["prefetches"], "nothing generated"
+    invoked = await client.text_document_inline_completion_async(
+        inline_params(uri, 0, 4, trigger=types.InlineCompletionTriggerKind.Invoked))
+    assert invoked is not None
     last = (await stats(client))["last"]
     # Everything but the last prompt token was read while the user paused (the request sends that one).
     assert last["reused_prompt_tokens"] == last["prompt_tokens"] - 1
@@ -67,11 +96,11 @@ async def test_without_idle_work_nothing_is_read_ahead(client, workspace):
     open_document(client, uri, TEXT)
     client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"idleWork": False}))
     try:
-        before = (await stats(client))["idle"]
+        before = (await settled(client))["idle"]
         client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
         await asyncio.sleep(0.5)  # ten quiet periods
         after = (await stats(client))["idle"]
-        assert after["read_aheads"] == before["read_aheads"]
+        assert after["read_aheads"] == before["read_aheads"] and after["prefetches"] == before["prefetches"]
     finally:
         client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"idleWork": True}))
 
@@ -109,14 +138,3 @@ async def test_the_time_cap_stops_generation_and_shows_what_is_complete(tiny_mod
         last = (await stats(client))["last"]
         assert last["stopped"] == "time_limit"
         assert 0 < last["generated_tokens"] < 64
-
-
-def test_the_mid_word_rule_needs_a_word_character_on_both_sides():
-    from lsp_server.completions import mid_word
-
-    assert mid_word("    va", "lue = 1")
-    assert mid_word("x_", "1")
-    assert not mid_word("", "value = 1")  # the start of a line: new code goes before it
-    assert not mid_word("value ", "= 1")
-    assert not mid_word("print(", "x)")
-    assert not mid_word("value", "")  # the end of a word: completing it is the point
