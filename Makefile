@@ -31,7 +31,7 @@ setup-llamacpp: $(LLAMACPP_STAMP)
 
 # llama.cpp's own server, for `draftwise replay`'s run of the peer's path (llama.vim's logic on
 # llama-server's /infill, same GGUF). Built from llama-cpp-python's source package, which vendors
-# llama.cpp (PyPI is reachable where model hubs and GitHub may not be): ~15 minutes on 2 cores, once.
+# llama.cpp (PyPI is reachable where model hubs and GitHub may not be): ~7 minutes on 2 cores, once.
 LLAMA_SERVER := $(BIN)/llama-server
 LLAMA_SERVER_SRC := $(VENV)/llama-server-src
 LLAMACPP_PYTHON ?= llama-cpp-python==0.3.36

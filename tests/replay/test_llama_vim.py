@@ -1,7 +1,7 @@
 """The replay's llama.vim driver: the context it sends and caches by, what it shows, and its request
 discipline (no request while one is in flight, a cache hit shown at once and followed by a
 speculative request). The server here is a small HTTP stand-in that answers /infill from a script:
-the real llama-server takes ~15 minutes to build, so it runs in `draftwise replay`, not in tests."""
+the real llama-server takes ~7 minutes to build, so it runs in `draftwise replay`, not in tests."""
 from __future__ import annotations
 
 import json
@@ -89,3 +89,19 @@ def test_one_request_at_a_time_cache_hits_shown_at_once_and_followed_by_a_specul
     assert speculative, "a shown suggestion is followed by a request as if it were accepted"
     assert all(b["cache_prompt"] and b["samplers"] == ["top_k", "top_p", "infill"] for _, b in _Infill.log)
     assert doc.text == PREFIX + REGION + SUFFIX
+
+
+def test_without_a_llama_server_binary_the_run_is_reported_as_not_run(tmp_path):
+    from types import SimpleNamespace
+
+    from lsp_server.replay.cli import _llama_vim_setup
+    from lsp_server.replay.llama_vim import find_llama_server
+
+    missing = str(tmp_path / "llama-server")
+    assert find_llama_server(missing) is None
+    status = _llama_vim_setup(SimpleNamespace(llama_server=missing, target="qwen2.5-coder-0.5b"))
+    assert "no llama-server binary" in status["reason"] and "make llama-server" in status["reason"]
+    present = tmp_path / "bin" / "llama-server"
+    present.parent.mkdir()
+    present.write_text("")
+    assert find_llama_server(str(present)) == str(present)
