@@ -6,6 +6,7 @@ the server's packages or the GGUF are missing.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -28,6 +29,7 @@ MODEL_NAME = PRESET  # the name the engine serves the model as (--model_alias)
 SERVER_PACKAGES = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
 CLIENT_PACKAGES = ("openai", "httpx")
 START_TIMEOUT_S = 120.0
+REQUEST_CANCELLED = -32800
 
 
 def pytest_collection_modifyitems(items):
@@ -138,3 +140,55 @@ def make_engine(remote_gguf, tmp_path_factory):
 def workspace(tmp_path_factory):
     """A workspace folder for one module's sessions."""
     return tmp_path_factory.mktemp("workspace")
+
+
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory):
+    """Documents outside the workspace: no other file joins their prompt, so prompts are predictable."""
+    return tmp_path_factory.mktemp("outside")
+
+
+@contextlib.asynccontextmanager
+async def remote_session(target: str, workspace: Path, max_tokens: int):
+    """A `draftwise serve` session on a remote target, ready; no time cap: the tests compare whole
+    answers and cancel long ones."""
+    from lsp_harness import client_capabilities, lsp_session, wait_for_state
+
+    async with lsp_session(["--target", target], workspace=workspace,
+                           capabilities=client_capabilities(encodings=["utf-16"]),
+                           initialization_options={"maxTokens": max_tokens, "maxTimeMs": 0}) as (client, _):
+        s = await wait_for_state(client)
+        assert s["state"] == "ready", s
+        yield client
+
+
+def configure(client, **settings) -> None:
+    from lsprotocol import types
+
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"draftwise": settings}))
+
+
+async def cancel_once_decoding(client, uri: str, text: str, msg_id: str, decoding) -> float:
+    """Ask for an inline completion at the end of `text` (one line), send `$/cancelRequest` once
+    `decoding()` says the engine is generating, and check the answer is RequestCancelled. Returns when
+    the cancel was sent (time.monotonic())."""
+    import asyncio
+
+    from lsp_harness import inline_params
+    from lsprotocol import types
+    from pygls.exceptions import JsonRpcException
+
+    started = time.monotonic()
+    pending = asyncio.ensure_future(client.protocol.send_request_async(
+        types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, 0, len(text)), msg_id=msg_id))
+    while not decoding():
+        assert time.monotonic() - started < 60, "the engine never started decoding"
+        if pending.done():
+            raise AssertionError(f"the request ended before it was cancelled: {pending.result()}")
+        await asyncio.sleep(0.05)
+    client.cancel_request(types.CancelParams(id=msg_id))
+    cancelled_at = time.monotonic()
+    with pytest.raises(JsonRpcException) as err:
+        await asyncio.wait_for(pending, timeout=10)
+    assert err.value.code == REQUEST_CANCELLED
+    return cancelled_at

@@ -14,15 +14,12 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from lsprotocol import types
-from pygls.exceptions import JsonRpcException
 
-from conftest import PRESET, free_port
-from lsp_harness import client_capabilities, inline_params, lsp_session, open_document, stats, wait_for_state
+from conftest import PRESET, cancel_once_decoding, configure, free_port, remote_session
+from lsp_harness import inline_params, open_document, stats
 
 pytestmark = [pytest.mark.remote, pytest.mark.asyncio(loop_scope="module")]
 
-REQUEST_CANCELLED = -32800
 MAX_TOKENS = 48
 LONG = 400
 FIB = "def fib(n):\n    \"\"\"The n-th Fibonacci number.\"\"\"\n"
@@ -89,25 +86,11 @@ def llama_server(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def outside(tmp_path_factory):
-    """Documents outside the workspace: no other file joins the request (`input_extra` stays empty)."""
-    return tmp_path_factory.mktemp("outside")
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client(llama_server, tmp_path_factory):
-    async with lsp_session(["--target", f"llamacpp:{llama_server.url}#?timeout=180"],
-                           workspace=tmp_path_factory.mktemp("workspace"),
-                           capabilities=client_capabilities(encodings=["utf-16"]),
-                           initialization_options={"maxTokens": MAX_TOKENS, "maxTimeMs": 0}) as (client, _):
-        s = await wait_for_state(client)
-        assert s["state"] == "ready", s
+    async with remote_session(f"llamacpp:{llama_server.url}#?timeout=180", tmp_path_factory.mktemp("workspace"),
+                              MAX_TOKENS) as client:
         yield client
-
-
-def configure(client, **settings) -> None:
-    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"draftwise": settings}))
 
 
 async def test_the_suggestion_is_the_servers_own_infill_answer_cut_by_the_stop_rules(client, llama_server, outside):
@@ -145,17 +128,9 @@ async def test_cancel_request_stops_the_servers_generation_within_a_second(clien
     try:
         uri = (outside / "primes.py").as_uri()
         open_document(client, uri, PRIMES)
-        started = time.monotonic()
-        pending = asyncio.ensure_future(client.protocol.send_request_async(
-            types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, 0, len(PRIMES)), msg_id="cancel-llama-server"))
-        while not (llama_server.slot()["is_processing"] and llama_server.slot()["next_token"][0]["n_decoded"] >= 5):
-            assert time.monotonic() - started < 60 and not pending.done(), "the server never started decoding"
-            await asyncio.sleep(0.05)
-        client.cancel_request(types.CancelParams(id="cancel-llama-server"))
-        cancelled_at = time.monotonic()
-        with pytest.raises(JsonRpcException) as err:
-            await asyncio.wait_for(pending, timeout=10)
-        assert err.value.code == REQUEST_CANCELLED
+        cancelled_at = await cancel_once_decoding(
+            client, uri, PRIMES, "cancel-llama-server",
+            lambda: llama_server.slot()["is_processing"] and llama_server.slot()["next_token"][0]["n_decoded"] >= 5)
         while llama_server.slot()["is_processing"]:
             assert time.monotonic() - cancelled_at < 1.0, "llama-server went on generating after the cancel"
             await asyncio.sleep(0.02)

@@ -9,40 +9,23 @@ import time
 import pytest
 import pytest_asyncio
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException
 
-from conftest import MODEL_NAME, PRESET
-from lsp_harness import client_capabilities, inline_params, insert_change, lsp_session, open_document, stats, wait_for_state
+from conftest import MODEL_NAME, PRESET, cancel_once_decoding, configure, remote_session
+from lsp_harness import inline_params, insert_change, lsp_session, open_document, stats, wait_for_state
 
 pytestmark = [pytest.mark.remote, pytest.mark.asyncio(loop_scope="module")]
 
-REQUEST_CANCELLED = -32800
 MAX_TOKENS = 48
 LONG = 400  # max tokens of the runs that are cancelled or cut by the deadline
 FIB = "def fib(n):\n    \"\"\"The n-th Fibonacci number.\"\"\"\n"
 PRIMES = "PRIMES = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29,"  # the model lists primes for hundreds of tokens
 
 
-@pytest.fixture(scope="module")
-def outside(tmp_path_factory):
-    """Documents outside the workspace: no other file joins their prompt, so prompts are predictable."""
-    return tmp_path_factory.mktemp("outside")
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client(engine, workspace):
     # A generous deadline: on a loaded 2-core machine the engine's first token can take many seconds.
-    async with lsp_session(["--target", engine.target(options="timeout=180")], workspace=workspace,
-                           capabilities=client_capabilities(encodings=["utf-16"]),
-                           # no time cap: these tests compare whole answers and cancel long ones
-                           initialization_options={"maxTokens": MAX_TOKENS, "maxTimeMs": 0}) as (client, _):
-        s = await wait_for_state(client)
-        assert s["state"] == "ready", s
+    async with remote_session(engine.target(options="timeout=180"), workspace, MAX_TOKENS) as client:
         yield client
-
-
-def configure(client, **settings) -> None:
-    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"draftwise": settings}))
 
 
 async def settled(client, requests: int, timeout: float = 30) -> dict:
@@ -159,19 +142,8 @@ async def test_cancel_request_stops_the_engine_within_a_second(client, engine, o
         open_document(client, uri, PRIMES)
         before = await stats(client)
         started = time.monotonic()
-        pending = asyncio.ensure_future(client.protocol.send_request_async(
-            types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, 0, len(PRIMES)), msg_id="cancel-remote"))
-        while len([e for e in engine.evals(started) if e["tokens"] == 1]) < 5:  # the engine is decoding
-            assert time.monotonic() - started < 60, "the engine never started decoding"
-            if pending.done():
-                raise AssertionError(f"the request ended before it was cancelled: {pending.result()} "
-                                     f"{(await stats(client))['last']}")
-            await asyncio.sleep(0.05)
-        client.cancel_request(types.CancelParams(id="cancel-remote"))
-        cancelled_at = time.monotonic()
-        with pytest.raises(JsonRpcException) as err:
-            await asyncio.wait_for(pending, timeout=10)
-        assert err.value.code == REQUEST_CANCELLED
+        cancelled_at = await cancel_once_decoding(  # once the engine is decoding
+            client, uri, PRIMES, "cancel-remote", lambda: len([e for e in engine.evals(started) if e["tokens"] == 1]) >= 5)
         last = (await settled(client, before["requests"] + 1))["last"]
         assert last["stopped"] == "cancelled"
         await asyncio.sleep(2.5)  # anything the engine still generates shows up in its log by now
