@@ -16,8 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="*", metavar="FILE", help=f"source files to type back (default: "
                    f"{corpus.DEFAULT_FILES} installed files, several languages)")
     p.add_argument("--idle", choices=tuple(IDLE_RUNS), default="both",
-                   help="idle prefill + prefetch (the idleWork setting) on, off, or both side by side "
-                        "(default: %(default)s)")
+                   help="idle work (the idleWork setting: suggestions started at pauses, read-ahead, "
+                        "prefetch) on, off, or both side by side (default: %(default)s)")
     p.add_argument("--chars", type=int, default=300, metavar="N",
                    help="characters typed per file (default: %(default)s)")
     p.add_argument("--client", choices=(*CLIENTS, "mixed"), default="mixed",

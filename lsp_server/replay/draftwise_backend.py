@@ -12,7 +12,7 @@ from lsp_server.raw_client import RawServer
 from lsp_server.replay.editor import Document, Suggestion
 
 SERVE = [sys.executable, "-m", "lsp_server.cli", "serve"]  # this checkout's server, this interpreter
-IDLE_SETTING = "idleWork"  # idle prefill and prefetch after display (issue 12); a boolean
+IDLE_SETTING = "idleWork"  # suggestions started at pauses, read-ahead and prefetch after display; a boolean
 LOAD_TIMEOUT_S = 600.0
 
 
