@@ -77,7 +77,6 @@ class FimContext:
     middle: str
     suffix: str
     indent: int
-    line_cur: str
     line_cur_suffix: str
 
     def hashes(self) -> list[str]:
@@ -122,7 +121,7 @@ def fim_context(doc: Document, prev: list[str] | None = None, last_indent: int =
             before = before + [lines[y][:x] + prev[0], *prev[1:-1]]
         indent = last_indent
     return FimContext("\n".join(before) + "\n", cur_prefix, cur_suffix + "\n" + "\n".join(after) + "\n",
-                      indent, line_cur, cur_suffix)
+                      indent, cur_suffix)
 
 
 def rendered(content: str, doc: Document) -> str | None:
@@ -161,8 +160,7 @@ class _Request:
 
     def __init__(self, url: str, body: dict, hashes: list[str], done) -> None:
         self.hashes = hashes
-        self.thread = threading.Thread(target=self._run, args=(url, body, done), daemon=True)
-        self.thread.start()
+        threading.Thread(target=self._run, args=(url, body, done), daemon=True).start()
 
     def _run(self, url: str, body: dict, done) -> None:
         content = None
@@ -177,8 +175,7 @@ class _Request:
 
 @dataclass
 class _Handle:
-    version: int
-    shown: tuple[Suggestion, float] | None = None  # a cache hit, on screen at once
+    shown: tuple[Suggestion, float] | None  # a cache hit, on screen at once
 
 
 class LlamaVimBackend:
@@ -212,7 +209,7 @@ class LlamaVimBackend:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
                     if reply.status == 200:
-                        return {"weights": "gguf", "drafter": "llama-server", "device": "cpu"}
+                        return {}  # nothing to report: the run's settings say what ran
             except (urllib.error.URLError, OSError):
                 time.sleep(0.5)
         self.stop()
@@ -311,7 +308,7 @@ class LlamaVimBackend:
 
     def request(self, doc: Document) -> Any:
         """The cursor moved (CursorMovedI): show a cached answer at once, else send a request."""
-        handle = _Handle(doc.version, self._show(doc))
+        handle = _Handle(self._show(doc))
         if handle.shown is None:
             self._fim(doc, None)
         return handle

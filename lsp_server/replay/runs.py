@@ -81,13 +81,13 @@ def run_draftwise(replay: Replay, serve_args: list[str], idle: bool, say=print, 
                   settings: dict | None = None) -> dict:
     """Start a server with idle work on or off, type every file, stop it. logs: a folder to keep the
     server's log in (server-on.log / server-off.log); settings: more server settings (maxTimeMs)."""
-    name = f"idle work {'on' if idle else 'off'}"
+    which = "on" if idle else "off"
     with tempfile.TemporaryDirectory(prefix="draftwise-replay-") as tmp:
         workspace = Path(tmp) / "workspace"
         workspace.mkdir()
-        log_path = (logs or Path(tmp)) / f"server-{'on' if idle else 'off'}.log"
+        log_path = (logs or Path(tmp)) / f"server-{which}.log"
         backend = DraftwiseBackend(serve_args, idle, workspace, log_path, settings)
-        run, loaded, final, results = _type_with(backend, replay, workspace, name, say)
+        run, loaded, final, results = _type_with(backend, replay, workspace, f"idle work {which}", say)
     return {**run, "settings": {**(settings or {}), "idleWork": idle,
                                 "idle_setting_known_to_server": final["idle_setting_known"],
                                 "weights": loaded.get("weights"), "drafter": loaded.get("drafter"),
