@@ -48,6 +48,8 @@ def generate(models, plan: RequestPlan, greedy_text: str, cancel: CancelToken) -
     try:
         runner.sync(prompt, cancel)  # normally a crop: the greedy run stored prompt + its suggestion
         first = runner.forward([prompt[-1]])[-1]
+        if plan.healing is not None:  # the first token must write the healed blank
+            first = first.masked_fill(~plan.healing.allowed([]).to(first.device), float("-inf"))
         ranked = first.topk(min(first.shape[-1], (count + 1) * CANDIDATES_PER_ALTERNATIVE)).indices.tolist()
         for token in [t for t in ranked[1:] if t not in rule.end_ids]:
             if len(texts) >= count or cancel.cancelled:
@@ -70,7 +72,7 @@ def generate(models, plan: RequestPlan, greedy_text: str, cancel: CancelToken) -
 
 def _continue(models, plan: RequestPlan, token: int, cancel: CancelToken) -> str | None:
     """The text of first token `token` continued greedily; None when cancelled."""
-    decode = models.decode
+    decode = plan.rule.decode
     # The stop rules must see the first token too: decode it with every check.
     rule = replace(plan.rule, decode=lambda ids: decode([token] + ids), max_tokens=plan.rule.max_tokens - 1)
     seq = list(plan.prompt) + [token]

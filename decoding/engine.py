@@ -13,6 +13,7 @@ from decoding.api import DRAFTERS, CancelToken, CompletionRequest, CompletionRes
 from decoding.errors import DraftwiseError, EngineNotReady, ModelLoadError, ModelSpecError, check_request
 from decoding.jobs import Job, JobRegistry, ModelWorker
 from decoding.loading import LoadedModels, Progress, ensure_draft_model, load_models
+from decoding.models.weights import return_freed_memory
 from decoding.request_plan import build_plan
 from decoding.request_run import read_prompt_ahead, run_plan
 
@@ -56,6 +57,7 @@ class Engine:
         except Exception as exc:  # anything else from torch/transformers: keep it one clear line
             self.state, self.error = "failed", f"loading failed: {type(exc).__name__}: {exc}".splitlines()[0]
             raise ModelLoadError(self.error) from exc
+        return_freed_memory()  # the load's temporaries (the timing forwards' activations among them)
         self.state = "ready"
         m = self.models
         log.info("engine ready: target=%s draft=%s device=%s weights=%s (%s) cost=%s", m.target.name,

@@ -32,6 +32,11 @@ class LoadedModels:
     draft_costs: dict = field(default_factory=dict)  # measured at load, for info()
     draft_left_out: bool = False  # `auto` did not keep the draft model: it cannot pay on this device
     drafting_off: str = ""  # why every request decodes plainly (the target's verify is not row-exact here)
+    healing: Any = None  # decoding.healing.BlankHealing for the target's vocabulary
+
+    def prompt_parts(self, request):
+        """A decoding.api.CompletionRequest's prompt: decoding.prompt.PromptParts, its blanks healed."""
+        return self.prompts.build_request(request, heal=True)
 
     @property
     def tokenizer(self):
@@ -43,7 +48,7 @@ class LoadedModels:
 
     def build_prompt(self, request) -> list[int]:
         """The prompt's token ids for a decoding.api.CompletionRequest."""
-        return self.prompts.build_request(request)
+        return self.prompt_parts(request).ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -67,6 +72,7 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
 
     from decoding.drafters.lookup import LookupDrafter
     from decoding.drafters.suggestion import SuggestionDrafter
+    from decoding.healing import BlankHealing
     from decoding.models.weight_choice import load_weights
     from decoding.prompt import PromptBuilder, end_token_ids
     from decoding.runner import runner_for
@@ -79,7 +85,8 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     progress("measuring forward costs on this device", 0.5)
     cost = CostModel(measure_forward_times(runner, repeats=3 if cfg.measure_cost else 1))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
-                          runner, cost, {"lookup": LookupDrafter(), "suggestion": SuggestionDrafter(target.tokenizer)})
+                          runner, cost, {"lookup": LookupDrafter(), "suggestion": SuggestionDrafter(target.tokenizer)},
+                          healing=BlankHealing(target.tokenizer, runner.vocab_size))
     if not runner.verify_exact:
         models.drafting_off = (f"{target.weights} weights: a verify forward's logits differ from one-token steps' "
                                f"here (by up to {runner.verify_difference:.3g}), so drafting could change the text; "

@@ -4,6 +4,7 @@ from __future__ import annotations
 from decoding.api import CancelToken, CompletionRequest, RequestStats
 from decoding.cost_model import CostModel, Plan
 from decoding.drafters.base import Draft, DraftContext, Drafter
+from decoding.healing import Constraint
 
 
 class DraftPolicy:
@@ -20,11 +21,16 @@ class DraftPolicy:
         else:  # "none", or a drafter that is not loaded, leaves nothing to draft with
             self.drafters = {mode: drafters[mode]} if mode in drafters else {}
 
-    def begin(self, prompt_ids: list[int], request: CompletionRequest, sampler, cancel: CancelToken) -> None:
-        """A request starts decoding after prompt_ids; sampler: decoding.sampling.Sampler."""
+    def begin(self, prompt_ids: list[int], request: CompletionRequest, sampler, cancel: CancelToken,
+              healing: Constraint | None = None) -> None:
+        """A request starts decoding after prompt_ids; sampler: decoding.sampling.Sampler. healing: the
+        blank the model writes first (decoding/healing.py), which the hint, a completion's text, lacks,
+        and which limits the first token of a draft model's drafts as it limits the target's."""
         self.cost.acceptance.new_request()
-        ctx = DraftContext(prompt_ids, request.prefix, request.suffix, request.document, sampler, cancel,
-                           request.draft_hint)
+        healed = healing.healed if healing is not None else ""
+        hint = healed + request.draft_hint if request.draft_hint else ""
+        ctx = DraftContext(prompt_ids, request.prefix, request.suffix, request.document, sampler, cancel, hint,
+                           healing.allowed([]) if healing is not None else None)
         for d in self.drafters.values():
             d.begin(ctx)
 

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from decoding.api import CompletionRequest, EngineConfig, RequestStats
+from decoding.healing import Constraint, without_healed
 from decoding.loading import LoadedModels
 from decoding.policy import DraftPolicy
 from decoding.sampling import Sampler
@@ -20,6 +21,7 @@ class RequestPlan:
     sampler: Sampler
     policy: DraftPolicy
     stats: RequestStats
+    healing: Constraint | None = None  # blanks the completion must write first (decoding/healing.py)
 
 
 def build_plan(models: LoadedModels, config: EngineConfig, request: CompletionRequest) -> RequestPlan:
@@ -30,8 +32,13 @@ def build_plan(models: LoadedModels, config: EngineConfig, request: CompletionRe
     text_rule, final_rule = completion_rules(request.prefix, request.suffix, request.language, request.path,
                                              request.scope)
     deadline = time.monotonic() + request.time_limit_s if request.time_limit_s else None
-    rule = StopRule(models.end_ids, request.max_tokens or config.max_tokens, models.decode, text_rule, final_rule,
+    prompt = models.prompt_parts(request)
+    healing, decode = None, models.decode
+    if prompt.healed:  # the text rules and the result see the completion without it
+        healing = Constraint(models.healing, prompt.healed)
+        decode = lambda ids: without_healed(prompt.healed, models.decode(ids))  # noqa: E731
+    rule = StopRule(models.end_ids, request.max_tokens or config.max_tokens, decode, text_rule, final_rule,
                     deadline, whole_lines=request.scope != "full")
     sampler = Sampler(request.temperature, request.top_p, request.top_k, request.seed)
-    return RequestPlan(request, models.build_prompt(request), rule, sampler,
-                       DraftPolicy(mode, models.drafters, models.cost, stats), stats)
+    return RequestPlan(request, prompt.ids, rule, sampler, DraftPolicy(mode, models.drafters, models.cost, stats),
+                       stats, healing)

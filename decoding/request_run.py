@@ -30,7 +30,7 @@ def run_plan(models: LoadedModels, plan: RequestPlan, cancel: CancelToken) -> tu
     stats.decode_ms = (time.perf_counter() - started) * 1000 - stats.prefill_ms
     stats.stopped = stop.reason
     stats.generated_tokens = min(len(generated), stop.keep_tokens)
-    return CompletionResult(stop.text(generated, models.decode), stats), stop
+    return CompletionResult(stop.text(generated, plan.rule.decode), stats), stop
 
 
 def read_prompt_ahead(models: LoadedModels, request, cancel: CancelToken) -> int:
@@ -65,12 +65,12 @@ def _generate(models: LoadedModels, plan: RequestPlan, cancel: CancelToken,
     plan.stats.prefill_ms = (time.perf_counter() - started) * 1000
     # The draft model reads the prompt when it first drafts, if the policy lets it: on a CPU that
     # reading can cost more than its drafts save (see CostModel.price).
-    plan.policy.begin(plan.prompt, request, plan.sampler, cancel)
+    plan.policy.begin(plan.prompt, request, plan.sampler, cancel, plan.healing)
     try:
         if faults.trip("generate_oom"):
             raise MemoryError("injected fault: out of memory while generating")
         result = speculative_decode(models.target_runner, seq, plan.policy, plan.sampler, plan.rule, cancel,
-                                    plan.stats)
+                                    plan.stats, plan.healing)
     except Cancelled:  # the draft model's catch-up stops between chunks too; its cache stays consistent
         plan.policy.end()
         generated = seq[len(plan.prompt):]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from decoding.api import CancelToken, RequestStats
+from decoding.healing import Constraint
 from decoding.policy import DraftPolicy
 from decoding.runner import ModelRunner
 from decoding.sampling import Sampler
@@ -74,9 +75,11 @@ class StopRule:
 
 
 def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy, sampler: Sampler,
-                       rule: StopRule, cancel: CancelToken, stats: RequestStats) -> tuple[list[int], Stop]:
+                       rule: StopRule, cancel: CancelToken, stats: RequestStats,
+                       healing: Constraint | None = None) -> tuple[list[int], Stop]:
     """seq: the prompt; the target's cache must hold seq[:-1]. Returns every generated token and
-    where the completion stops (a cancelled one keeps what it has)."""
+    where the completion stops (a cancelled one keeps what it has). healing: the first token is one
+    it allows (its row of the first forward is masked; plain decoding does the same)."""
     prompt_len, started = len(seq), time.perf_counter()
     while True:
         if cancel.cancelled:
@@ -86,6 +89,9 @@ def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy,
             break
         t_forward = time.perf_counter()
         logits = target.forward([seq[-1]] + (draft.tokens if draft else []))
+        allowed = healing.allowed(seq[prompt_len:]) if healing is not None else None
+        if allowed is not None:
+            logits[0].masked_fill_(~allowed.to(logits.device), float("-inf"))
         stats.target_forwards += 1
         new = sampler.verify(logits, draft)  # accepted draft tokens + one token of the target's own
         target.crop_to(len(seq) + len(new) - 1)  # rejected draft tokens leave the cache

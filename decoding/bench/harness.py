@@ -5,7 +5,9 @@ Fairness rules:
   weights (the Hugging Face baselines use the engine's loaded models), greedy decoding, the same
   end tokens and the same token limit. Engine requests use scope "full": the model's raw output up
   to an end token or the limit, with none of the code-aware stop rules, exactly what `generate`
-  returns.
+  returns. Where the prefix ends in blanks the engine heals them (decoding/healing.py); `generate`
+  gets the same constraint as a logits processor, and llama.cpp the prompt with its blanks, as its
+  own users do.
 - Each mode comparison request starts cold: stored KV caches are dropped before it and its document
   key is unique, so no mode benefits from another mode's prefill.
 - Modes run case by case (all modes of case 1, then of case 2, ...), so a change in machine load
@@ -30,6 +32,7 @@ from decoding.bench.metrics import (
     ALL_MODES, ENGINE_MODES, HF_MODES, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
     percentile, quality_summary, split_key, summarize,
 )
+from decoding.healing import Constraint, without_healed
 
 log = logging.getLogger("draftwise.bench")
 
@@ -91,13 +94,13 @@ class Completion:
     stopped: str
 
 
-def completion_of(models, ids: Sequence[int]) -> Completion:
+def completion_of(models, ids: Sequence[int], healed: str = "") -> Completion:
     """What the engine makes of these new token ids under scope "full": everything up to the
-    first end token (the raw output), decoded the engine's way; an unfinished UTF-8 sequence at
-    the very end is not text yet, as in the engine."""
+    first end token (the raw output), decoded the engine's way (healed blanks left out); an
+    unfinished UTF-8 sequence at the very end is not text yet, as in the engine."""
     kept, ended = cut_at_end(ids, models.end_ids)
     body = kept[:-1] if ended else kept
-    text = _decode_text(models.tokenizer, body).rstrip("\ufffd")
+    text = without_healed(healed, _decode_text(models.tokenizer, body)).rstrip("\ufffd")
     return Completion(text, len(kept), "eos" if ended else "max_tokens")
 
 
@@ -279,16 +282,21 @@ class Bench:
                                       f"bench://{self.tag}/{run}/{key}/{case.id}")
                 rec.mode = key
                 return rec.score(case.expected)
+            request = _request(case, "none", "bench://prompt", self.s.max_tokens)
+            healed = e.models.prompt_parts(request).healed
             if mode in HF_MODES:
                 kw = {}
                 if mode == "hf-assisted":
                     kw["assistant_model"] = e.models.draft.model
                 elif mode == "hf-lookup":
                     kw["prompt_lookup_num_tokens"] = self.s.lookup_tokens
+                if healed:
+                    kw["healing"] = Constraint(e.models.healing, healed)
                 g = generate_timed(e.models.target.model, prompt, self.s.max_tokens, e.models.end_ids, **kw)
-            else:
+            else:  # llama.cpp reads the prompt with its blanks, as its own users' prompts are
+                healed, prompt = "", e.models.prompts.build_request(request).ids
                 g = self._llama().generate(mode == "llamacpp-lookup", prompt, self.s.max_tokens, e.models.end_ids)
-            done = completion_of(e.models, g.token_ids)
+            done = completion_of(e.models, g.token_ids, healed)
             return record_from_timing(mode, case, g, done, mode not in ("hf-plain", "llamacpp-plain")).score(case.expected)
         except Exception as exc:  # one failing mode must not lose the rest of the run
             if isinstance(exc, KeyboardInterrupt):

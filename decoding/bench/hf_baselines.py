@@ -66,6 +66,19 @@ def _streamer_class():
     return TokenClock
 
 
+class _Healing:
+    """The engine's healing constraint as a transformers logits processor (one sequence)."""
+
+    def __init__(self, constraint, prompt_len: int):
+        self.constraint, self.prompt_len = constraint, prompt_len
+
+    def __call__(self, input_ids, scores):
+        allowed = self.constraint.allowed(input_ids[0, self.prompt_len:].tolist())
+        if allowed is None:
+            return scores
+        return scores.masked_fill(~allowed[:scores.shape[-1]].to(scores.device), float("-inf"))
+
+
 def cut_at_end(ids: Sequence[int], end_ids: set[int]) -> tuple[list[int], bool]:
     """ids up to and including the first end token; whether one was found."""
     out = []
@@ -77,10 +90,12 @@ def cut_at_end(ids: Sequence[int], end_ids: set[int]) -> tuple[list[int], bool]:
 
 
 def generate_timed(model, prompt_ids: Sequence[int], max_new_tokens: int, end_ids: set[int], *,
-                   assistant_model=None, prompt_lookup_num_tokens: int | None = None) -> GenerateTiming:
-    """Greedy `model.generate` on one prompt, with timings. Only one of the two drafting options."""
+                   assistant_model=None, prompt_lookup_num_tokens: int | None = None,
+                   healing=None) -> GenerateTiming:
+    """Greedy `model.generate` on one prompt, with timings. Only one of the two drafting options.
+    healing: a decoding.healing.Constraint on the first tokens, as the engine applies it."""
     import torch
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig, LogitsProcessorList
 
     if assistant_model is not None and prompt_lookup_num_tokens:
         raise ValueError("choose assisted generation or prompt lookup, not both")
@@ -112,6 +127,8 @@ def generate_timed(model, prompt_ids: Sequence[int], max_new_tokens: int, end_id
     h1 = model.register_forward_pre_hook(before, with_kwargs=True)
     h2 = model.register_forward_hook(after, with_kwargs=True)
     extra = {"assistant_model": assistant_model} if assistant_model is not None else {}
+    if healing is not None:
+        extra["logits_processor"] = LogitsProcessorList([_Healing(healing, len(prompt_ids))])
     try:
         with torch.inference_mode():
             started = time.perf_counter()

@@ -38,6 +38,7 @@ class DraftContext:
     sampling: Any = None  # decoding.sampling.Sampler (the model drafter warps its logits the same way)
     cancel: Any = None  # decoding.api.CancelToken: a drafter that runs a model checks it between chunks
     draft_hint: str = ""  # text the user is probably typing next (CompletionRequest.draft_hint)
+    first_allowed: Any = None  # bool [vocab]: the tokens the first generated one may be (decoding/healing.py)
 
 
 class Drafter:

@@ -14,6 +14,15 @@ from decoding.drafters.base import Draft, DraftContext, Drafter, Offer
 from decoding.runner import ModelRunner, read_ahead
 
 
+def _limited(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """logits with the tokens `allowed` rules out at -inf (a draft model's table may be padded to
+    another width than the target's)."""
+    width = logits.shape[-1]
+    mask = allowed[:width] if len(allowed) >= width else torch.cat(
+        [allowed, allowed.new_zeros(width - len(allowed))])
+    return logits.masked_fill(~mask.to(logits.device), float("-inf"))
+
+
 class ModelDrafter(Drafter):
     name = "model"
 
@@ -25,10 +34,12 @@ class ModelDrafter(Drafter):
         self.sampler = None
         self.cancel = None
         self.active = False
+        self.prompt_len, self.first_allowed = 0, None
 
     def begin(self, ctx: DraftContext) -> None:
         self.sampler = ctx.sampling
         self.cancel = ctx.cancel
+        self.prompt_len, self.first_allowed = len(ctx.prompt_ids), ctx.first_allowed
         self.runner.start(ctx.prompt_ids, ctx.document)
         self.active = True
 
@@ -59,6 +70,8 @@ class ModelDrafter(Drafter):
         last = seq[-1]
         for _ in range(k):
             logits = self.runner.forward([last])[-1]
+            if self.first_allowed is not None and len(seq) + len(tokens) == self.prompt_len:
+                logits = _limited(logits, self.first_allowed)  # as the target's first token is
             if self.sampler.greedy:
                 p_top = torch.softmax(logits, -1).max()
                 if tokens and float(p_top) < self.confidence:

@@ -7,7 +7,8 @@ other kernels for other batch sizes). The quantized formats here do:
 - int8: weights int8 per output channel, activations quantized to int8 per token (one scale per
   row, so a row's rounding never depends on its neighbours), products accumulated in int32 by
   `torch._int_mm` (oneDNN, VNNI where the CPU has it). Integer sums are exact in any order, so the
-  result is bit-identical whatever the batch size. The rest of the model computes in fp32.
+  result is bit-identical whatever the batch size. The embedding table is int8 rows too. The rest
+  of the model computes in fp32.
 - int4: ATen's CPU weight-only kernel (`_weight_int4pack_mm_for_cpu`, bf16 activations), which
   computes each row on its own.
 - Attention is made row-exact for both (see `row_exact_attention`).
@@ -40,6 +41,13 @@ ROW_EXACT_ATTENTION = "draftwise_row_exact"
 ROW_EXACT_BELOW = 64
 
 
+def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of `weight` as int8 with one scale (its largest magnitude maps to 127)."""
+    w = weight.detach().float()
+    scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scale
+
+
 class Int8Linear(nn.Module):
     """y = dequant(int8(x) @ int8(W).T) + bias: per-token activation scales, per-channel weight scales."""
 
@@ -52,11 +60,8 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
-        w = linear.weight.detach().float()
-        scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
-        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.float32, copy=True)
-        return cls(q.contiguous(), scale, bias)
+        return cls(*int8_rows(linear.weight), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
@@ -69,6 +74,31 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int8 weights and activations"
+
+
+class Int8Embedding(nn.Module):
+    """The token embedding as int8 rows, one scale each (Int8Linear's quantization, whose output
+    channels are these rows): half of bf16's bytes for a quarter of a 0.5B model's weights. Where the
+    lm_head is tied to it (Qwen's own checkpoints; the presets', made from their GGUF files, keep two
+    matrices) it reads the int8 lm_head's buffers, and the matrix is stored once."""
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor):
+        super().__init__()
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding, tied_head: Int8Linear | None = None) -> "Int8Embedding":
+        """tied_head: the int8 lm_head made from this same weight; its buffers are shared."""
+        if tied_head is not None:
+            return cls(tied_head.qweight, tied_head.scale)
+        return cls(*int8_rows(embedding.weight))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.qweight).float() * self.scale[ids].unsqueeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.qweight.shape[0]} rows of {self.qweight.shape[1]}, int8 with a scale per row"
 
 
 class CompactEmbedding(nn.Module):
@@ -149,34 +179,44 @@ def convert(model: nn.Module, fmt: str) -> nn.Module:
     if fmt not in QUANTIZED:
         return model.to(compute_dtype(fmt))
     kept = 0
+    embeddings = []
+    quantized: dict[int, nn.Module] = {}  # id of a linear layer's weight -> its quantized layer
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
                 if fmt == "int4" and not _int4_fits(child):
                     kept += 1  # the kernel needs whole groups; such a layer stays in bf16
                     continue
-                setattr(parent, name, (Int8Linear if fmt == "int8" else Int4Linear).from_linear(child))
+                quantized[id(child.weight)] = (Int8Linear if fmt == "int8" else Int4Linear).from_linear(child)
+                setattr(parent, name, quantized[id(child.weight)])
             elif isinstance(child, nn.Embedding):
-                setattr(parent, name, CompactEmbedding(child, compute_dtype(fmt)))
+                embeddings.append((parent, name, child))
+    for parent, name, child in embeddings:  # after the linear layers: a tied lm_head is quantized by now
+        if fmt == "int8":
+            setattr(parent, name, Int8Embedding.from_embedding(child, quantized.get(id(child.weight))))
+        else:
+            setattr(parent, name, CompactEmbedding(child, compute_dtype(fmt)))
     if kept:
         log.info("%s: %d linear layers have shapes the int4 kernel cannot take; they stay bf16", fmt, kept)
-    # A tied lm_head now has its own quantized copy; untie so nothing ties them again.
+    # The lm_head is a module of its own now (int8: sharing its buffers with a tied embedding); untie so
+    # nothing ties their weights again.
     for cfg in (model.config, model.config.get_text_config()):
         if getattr(cfg, "tie_word_embeddings", False):
             cfg.tie_word_embeddings = False
     # Norms and int4's leftover layers take the compute dtype; the quantized modules keep theirs.
     # Copies, not views: a view of the memory-mapped checkpoint would keep all of it resident.
     for module in model.modules():
-        if not isinstance(module, (Int8Linear, Int4Linear, CompactEmbedding)):
+        if not isinstance(module, (Int8Linear, Int4Linear, Int8Embedding, CompactEmbedding)):
             for param in module.parameters(recurse=False):
                 param.data = param.data.to(compute_dtype(fmt), copy=True)
     use_row_exact_attention(model)
-    _return_freed_memory()
+    return_freed_memory()
     return model
 
 
-def _return_freed_memory() -> None:
-    """Quantizing frees ~2 GB of fp32 temporaries in pieces glibc keeps; hand them back to the OS."""
+def return_freed_memory() -> None:
+    """Hand memory glibc keeps after frees back to the OS: quantizing frees ~2 GB of fp32 temporaries,
+    and timing forwards at load frees their activations, in pieces glibc would otherwise keep."""
     try:
         import ctypes
 

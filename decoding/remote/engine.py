@@ -278,7 +278,7 @@ class Engine:
         self._require_ready()
         if self.prompts is None:
             raise DraftwiseError("llama.cpp's /infill builds its prompt on the server")
-        return self.prompts.build_request(request)
+        return self.prompts.build_request(request).ids  # blanks kept: the server writes what follows them
 
     def submit(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
                idle: bool = False) -> RemoteJob:

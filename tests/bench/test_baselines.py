@@ -115,7 +115,7 @@ def _cases_from_text(tmp_path: Path) -> list[Case]:
 
 
 def test_small_benchmark_run_end_to_end(tiny_model_dir, tiny_draft_dir, tmp_path):
-    from decoding.api import EngineConfig
+    from decoding.api import CompletionRequest, EngineConfig
     from decoding.engine import Engine
 
     engine = Engine(EngineConfig(target=str(tiny_model_dir), draft=str(tiny_draft_dir), drafter="model",
@@ -126,9 +126,11 @@ def test_small_benchmark_run_end_to_end(tiny_model_dir, tiny_draft_dir, tmp_path
         settings = BenchSettings(max_tokens=12, modes=("hf-plain", "hf-lookup", "none", "lookup", "model", "auto"),
                                  typing_cases=1, keystrokes=2, typing_prompt_tokens=120, cancel_tries=2, repeats=2)
         steps = []
-        bench = Bench(engine, _cases_from_text(tmp_path), settings, progress=steps.append,
-                      target_spec=str(tiny_model_dir))
+        cases = _cases_from_text(tmp_path)
+        bench = Bench(engine, cases, settings, progress=steps.append, target_spec=str(tiny_model_dir))
         bench.run()
+        # the line-start case ends in a blank: `generate` must heal it as the engine does to match it
+        assert engine.models.prompt_parts(CompletionRequest(prefix=cases[0].prefix)).healed == " "
     finally:
         engine.close()
     data = build_report_data(bench, list(settings.modes), {"target": "tiny", "cases": 2, "max_tokens": 12})

@@ -7,6 +7,7 @@ import torch
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
+from tests.engine.healed import HealedPrompt
 from tests.engine.test_lossless import random_prompts, reference_greedy
 
 
@@ -20,16 +21,17 @@ def engine(tiny_model_dir):
     e.close()
 
 
-def greedy_from(engine: Engine, ids: list[int], first: int, max_tokens: int) -> str:
+def greedy_from(engine: Engine, prompt: HealedPrompt, first: int, max_tokens: int) -> str:
     """Plain greedy decoding forced to start with `first`: one full forward per token, no cache."""
     out = [first]
     with torch.inference_mode():
         while len(out) < max_tokens:
-            tok = int(engine.models.target.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
+            logits = engine.models.target.model(input_ids=torch.tensor([prompt.ids + out])).logits[0, -1]
+            tok = int(prompt.limit(logits, out).argmax())
             if tok in engine.models.end_ids:
                 break
             out.append(tok)
-    return engine.models.tokenizer.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return prompt.text(out)
 
 
 def test_greedy_text_is_the_same_with_alternatives(engine):
@@ -50,14 +52,16 @@ def test_alternatives_are_distinct_greedy_continuations_of_next_best_first_token
     assert len(result.alternatives) == 2
     texts = [result.text, *result.alternatives]
     assert len({t.strip() for t in texts}) == 3, texts
-    ids = engine.build_prompt(request)
+    prompt = HealedPrompt(engine, request)
+    assert prompt.healed == " ", "the prompt ends with a space: the first tokens are limited to those that write it"
     with torch.inference_mode():
-        ranked = engine.models.target.model(input_ids=torch.tensor([ids])).logits[0, -1].topk(40).indices.tolist()
+        first = prompt.limit(engine.models.target.model(input_ids=torch.tensor([prompt.ids])).logits[0, -1], [])
+    ranked = first.topk(40).indices.tolist()
     expected = []
     for token in ranked[1:]:
         if token in engine.models.end_ids:
             continue
-        text = greedy_from(engine, ids, token, 10)
+        text = greedy_from(engine, prompt, token, 10)
         if text.strip() and text.strip() not in {t.strip() for t in [result.text, *expected]}:
             expected.append(text)
         if len(expected) == 2:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
-import numpy as np
 import pytest
+import torch
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
+from tests.engine.healed import HealedPrompt
 
 pytest.importorskip("llama_cpp", reason="the gguf format needs the llamacpp extra: pip install -e '.[llamacpp]'")
 pytestmark = pytest.mark.real_model
@@ -50,18 +51,20 @@ def reference_model(real_model):
 
 
 def plain_greedy(model, engine: Engine, request: CompletionRequest, max_tokens: int) -> str:
-    ids = engine.build_prompt(request)
+    prompt = HealedPrompt(engine, request)
+    ids = prompt.ids
     model.lib.llama_memory_clear(model.memory, True)
     for start in range(0, len(ids) - 1, 512):
         model.decode(ids[start:min(start + 512, len(ids) - 1)], start, keep=1)
     out, last = [], ids[-1]
     for step in range(max_tokens):
-        token = int(np.argmax(model.decode([last], len(ids) - 1 + step, keep=1)[0]))
+        logits = torch.from_numpy(model.decode([last], len(ids) - 1 + step, keep=1)[0])
+        token = int(prompt.limit(logits, out).argmax())
         if token in engine.models.end_ids:
             break
         out.append(token)
         last = token
-    return engine.models.decode(out)
+    return prompt.text(out)
 
 
 def test_the_engine_runs_the_gguf_file_on_llama_cpp(engine):
@@ -161,3 +164,15 @@ def test_a_cancel_from_another_thread_costs_at_most_the_forward_in_flight(engine
     result = job.result(timeout=60)
     assert result.stats.stopped == "cancelled"
     assert result.stats.forwards_after_cancel <= 1
+
+
+def test_at_a_lines_indentation_the_model_writes_the_line_there(engine):
+    """Each case's prefix ends at a statement's indentation. A prompt ending on the indentation token
+    made the 0.5B indent again (shlex.py: `        self.debuglevel = 0`); healed, the prompt holds
+    all but the last blank and the model's first token writes it with the statement's first word."""
+    for name, prefix, suffix in fim_cases():
+        request = CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=12, drafter="none",
+                                    document=f"heal-{name}")
+        assert prefix.endswith("    ") and engine.models.prompt_parts(request).healed == " "
+        text = engine.complete(request).text
+        assert text.strip() and not text[0].isspace(), (name, text)

@@ -60,7 +60,7 @@ def test_budgets_hold_and_the_prefix_keeps_its_end():
     assert "line 499\ncursor<|fim_suffix|>after 0<|fim_middle|>" in text  # the rest of the cursor's line
     assert "big.py" not in text  # did not fit
     assert parts.suffix_chars_kept < len(suffix) and parts.prefix_chars_dropped > 0
-    more = PromptBuilder(tok, budget=300, max_suffix_tokens=30, suffix_lines=None).build(prefix, suffix)
+    more = PromptBuilder(tok, budget=300, max_suffix_tokens=30, whole_suffix=True).build(prefix, suffix)
     assert "cursor<|fim_suffix|>after 0\nafter 1\nafter 2\n<|fim_middle|>" in decode(tok, more.ids)  # line-aligned
 
 
@@ -93,13 +93,13 @@ def test_prefix_start_is_stable_while_typing():
         assert prefix[lo:hi].count("\n") == PREFIX_CUT_STEP
 
 
-def test_after_a_lines_indentation_the_suffix_also_holds_the_next_lines():
-    """With only indentation before the cursor the model needs the lines after it to see the
-    block's shape (without them the 0.5B doubled the indentation)."""
+def test_at_a_new_lines_indentation_the_prompt_stops_before_it_and_holds_no_suffix():
+    """The indentation is healed (the model writes it), and no lines after the cursor are read again
+    on every keystroke: with both, the 0.5B wrote more exact first lines at line starts."""
     tok = tokenizer_with(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
     b = PromptBuilder(tok, budget=600)
     suffix = "\n    if x:\n        y()\n    z = 1\n    return z\n"
-    text = decode(tok, b.build("def f(x):\n    ", suffix).ids)
-    assert text.endswith("<|fim_suffix|>\n    if x:\n        y()\n    z = 1<|fim_middle|>")
-    typed = decode(tok, b.build("def f(x):\n    w", suffix).ids)
-    assert typed.endswith("<|fim_suffix|><|fim_middle|>")  # code before the cursor: the rest of the line only
+    parts = b.build("def f(x):\n    ", suffix, heal=True)
+    assert decode(tok, parts.ids).endswith("def f(x):\n   <|fim_suffix|><|fim_middle|>") and parts.healed == " "
+    typed = decode(tok, b.build("def f(x):\n    w", "(1)" + suffix, heal=True).ids)
+    assert typed.endswith("    w<|fim_suffix|>(1)<|fim_middle|>")  # code before the cursor: the rest of the line

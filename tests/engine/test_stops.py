@@ -10,6 +10,7 @@ from decoding import CompletionRequest, EngineConfig
 from decoding.drafters.base import Draft, Drafter, Offer
 from decoding.engine import Engine
 from decoding.speculative import Stop, StopRule
+from tests.engine.healed import HealedPrompt
 
 EOS = 0
 
@@ -113,17 +114,18 @@ class OracleDrafter(Drafter):
 
 
 def greedy_ids(engine, request, n: int) -> list[int]:
-    ids, out = engine.build_prompt(request), []
+    prompt, out = HealedPrompt(engine, request), []
     with torch.inference_mode():
         for _ in range(n):
-            out.append(int(engine.models.target.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax()))
+            logits = engine.models.target.model(input_ids=torch.tensor([prompt.ids + out])).logits[0, -1]
+            out.append(int(prompt.limit(logits, out).argmax()))
     return out
 
 
 def test_an_accepted_draft_past_a_line_end_gives_the_plain_line(engine, monkeypatch):
     """A draft of the model's own next 40 tokens is accepted in one step, past the end of the line:
     the line scope's stop rule still ends the text where plain decoding ends it."""
-    prefix = "def add(a, b):\n    "
+    prefix = "for i in range(10):\n    print("
     request = CompletionRequest(prefix=prefix, scope="line", drafter="none", document="plain")
     plain = engine.complete(request)
     assert plain.stats.stopped == "stop_rule", "the tiny model's continuation must end its line for this test"

@@ -15,6 +15,7 @@ from decoding.models.loading import load_model
 from decoding.models.specs import parse_model_spec
 from decoding.models.weight_choice import WORKLOADS, FormatTiming, TimingCache, WeightsChoice, choose_and_load
 from decoding.runner import ModelRunner
+from tests.engine.healed import HealedPrompt
 
 FORMATS = ("fp32", "bf16", "int8", "int4")
 
@@ -39,9 +40,26 @@ def test_convert_quantizes_every_linear_and_lm_head_and_shrinks_the_model(tiny_m
     int8 = load_model(str(tiny_model_dir), "cpu", weights="int8")
     assert not any(isinstance(m, nn.Linear) for m in int8.model.modules())
     assert isinstance(int8.model.lm_head, weights.Int8Linear)
-    assert isinstance(int8.model.model.embed_tokens, weights.CompactEmbedding)
+    embedding, head = int8.model.model.embed_tokens, int8.model.lm_head
+    # The tiny model ties its lm_head to the embedding, as the presets do: int8 stores the matrix once.
+    assert isinstance(embedding, weights.Int8Embedding)
+    assert embedding.qweight.data_ptr() == head.qweight.data_ptr()
+    ids = torch.tensor([[0, 5, 17, 300]])
+    want = fp32.model.model.embed_tokens(ids)
+    assert ((embedding(ids) - want).norm() / want.norm()).item() < 0.01
     assert int8.weights == "int8" and int8.dtype == torch.float32
-    assert weights.weight_bytes(int8.model) < weights.weight_bytes(fp32.model) / 2
+    assert weights.weight_bytes(int8.model) < weights.weight_bytes(fp32.model) / 3
+    assert isinstance(load_model(str(tiny_model_dir), "cpu", weights="int4").model.model.embed_tokens,
+                      weights.CompactEmbedding)
+
+
+def test_an_untied_embedding_gets_its_own_int8_rows():
+    torch.manual_seed(0)
+    table = nn.Embedding(50, 32)
+    embedding = weights.Int8Embedding.from_embedding(table)
+    ids = torch.tensor([3, 49, 0])
+    assert embedding.qweight.dtype == torch.int8
+    assert ((embedding(ids) - table(ids)).norm() / table(ids).norm()).item() < 0.01
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
@@ -66,7 +84,8 @@ def incremental_greedy(engine: Engine, request: CompletionRequest, max_tokens: i
 
     from decoding.runner import PREFILL_CHUNK
 
-    model, ids = engine.models.target.model, engine.build_prompt(request)
+    model, prompt = engine.models.target.model, HealedPrompt(engine, request)
+    ids = prompt.ids
     cache_kw = ModelRunner(engine.models.target, 0)._cache_kw  # transformers renamed past_key_values to cache
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
@@ -76,12 +95,11 @@ def incremental_greedy(engine: Engine, request: CompletionRequest, max_tokens: i
         out, last = [], ids[-1]
         for _ in range(max_tokens):
             logits = model(input_ids=torch.tensor([[last]]), use_cache=True, **{cache_kw: cache}).logits[0, -1]
-            last = int(logits.float().argmax())
+            last = int(prompt.limit(logits.float(), out).argmax())
             if last in engine.models.end_ids:
                 break
             out.append(last)
-    # An unfinished UTF-8 sequence at the very end is not text yet: the engine leaves it out.
-    return engine.models.tokenizer.decode(out, skip_special_tokens=True, clean_up_tokenization_spaces=False).rstrip("\ufffd")
+    return prompt.text(out)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

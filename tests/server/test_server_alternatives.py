@@ -17,7 +17,9 @@ TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return "
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def client(tiny_model_dir, workspace):
-    async with inline_session(tiny_model_dir, workspace, maxTokens=12, scope="full") as (client, _):
+    # No time cap: the tests compare the greedy text of two requests, which a cap on a busy machine
+    # could cut at different tokens.
+    async with inline_session(tiny_model_dir, workspace, maxTokens=12, scope="full", maxTimeMs=0) as (client, _):
         await wait_for_state(client)
         yield client
 

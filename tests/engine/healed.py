@@ -1,0 +1,26 @@
+"""The engine's prompt with its last blank healed (decoding/healing.py), for the hand-written
+reference decoders: they decode the same problem as the engine (the prompt without that blank, the
+first token limited to those that write it) with their own loops. The set of allowed tokens is the
+engine's own (`BlankHealing.allowed`); tests/engine/test_healing.py checks it on its own."""
+from __future__ import annotations
+
+import torch
+
+from decoding.healing import without_healed
+
+
+class HealedPrompt:
+    def __init__(self, engine, request):
+        parts = engine.models.prompt_parts(request)
+        self.ids, self.healed, self.models = parts.ids, parts.healed, engine.models
+
+    def limit(self, logits: torch.Tensor, out: list[int]) -> torch.Tensor:
+        """[V] logits of the token after `out`, with the tokens healing rules out at -inf."""
+        if out or not self.healed:
+            return logits
+        return logits.masked_fill(~self.models.healing.allowed(self.healed).to(logits.device), float("-inf"))
+
+    def text(self, out: list[int]) -> str:
+        """The completion's text as the engine reports it (an unfinished UTF-8 character at the end
+        is not text yet)."""
+        return without_healed(self.healed, self.models.decode(out)).rstrip("\ufffd")
