@@ -23,6 +23,7 @@ import logging
 from dataclasses import replace
 
 from decoding.api import CancelToken, RequestStats
+from decoding.healing import limited
 from decoding.policy import DraftPolicy
 from decoding.request_plan import RequestPlan
 from decoding.runner import Cancelled
@@ -49,7 +50,7 @@ def generate(models, plan: RequestPlan, greedy_text: str, cancel: CancelToken) -
         runner.sync(prompt, cancel)  # normally a crop: the greedy run stored prompt + its suggestion
         first = runner.forward([prompt[-1]])[-1]
         if plan.healing is not None:  # the first token must write the healed blank
-            first = first.masked_fill(~plan.healing.allowed([]).to(first.device), float("-inf"))
+            first = limited(first, plan.healing.allowed([]))
         ranked = first.topk(min(first.shape[-1], (count + 1) * CANDIDATES_PER_ALTERNATIVE)).indices.tolist()
         for token in [t for t in ranked[1:] if t not in rule.end_ids]:
             if len(texts) >= count or cancel.cancelled:

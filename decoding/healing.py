@@ -57,6 +57,14 @@ class BlankHealing:
         return mask
 
 
+def limited(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """[..., V] logits with the tokens `allowed` rules out at -inf (a draft model's table may be
+    padded to another width than the target's: columns past the mask are ruled out)."""
+    width = logits.shape[-1]
+    mask = allowed[:width] if len(allowed) >= width else torch.cat([allowed, allowed.new_zeros(width - len(allowed))])
+    return logits.masked_fill(~mask.to(logits.device), float("-inf"))
+
+
 def without_healed(healed: str, text: str) -> str:
     """The completion's text: the generated text minus the healed blank it begins with."""
     return text[len(healed):] if text.startswith(healed) else text

@@ -21,7 +21,7 @@ class RequestPlan:
     sampler: Sampler
     policy: DraftPolicy
     stats: RequestStats
-    healing: Constraint | None = None  # blanks the completion must write first (decoding/healing.py)
+    healing: Constraint | None = None  # the blank the completion must write first (decoding/healing.py)
 
 
 def build_plan(models: LoadedModels, config: EngineConfig, request: CompletionRequest) -> RequestPlan:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from decoding.api import CancelToken, RequestStats
-from decoding.healing import Constraint
+from decoding.healing import Constraint, limited
 from decoding.policy import DraftPolicy
 from decoding.runner import ModelRunner
 from decoding.sampling import Sampler
@@ -91,7 +91,7 @@ def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy,
         logits = target.forward([seq[-1]] + (draft.tokens if draft else []))
         allowed = healing.allowed(seq[prompt_len:]) if healing is not None else None
         if allowed is not None:
-            logits[0].masked_fill_(~allowed.to(logits.device), float("-inf"))
+            logits[0] = limited(logits[0], allowed)
         stats.target_forwards += 1
         new = sampler.verify(logits, draft)  # accepted draft tokens + one token of the target's own
         target.crop_to(len(seq) + len(new) - 1)  # rejected draft tokens leave the cache

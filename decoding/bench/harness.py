@@ -5,7 +5,7 @@ Fairness rules:
   weights (the Hugging Face baselines use the engine's loaded models), greedy decoding, the same
   end tokens and the same token limit. Engine requests use scope "full": the model's raw output up
   to an end token or the limit, with none of the code-aware stop rules, exactly what `generate`
-  returns. Where the prefix ends in blanks the engine heals them (decoding/healing.py); `generate`
+  returns. Where the prefix ends in a blank the engine heals it (decoding/healing.py); `generate`
   gets the same constraint as a logits processor, and llama.cpp the prompt with its blanks, as its
   own users do.
 - Each mode comparison request starts cold: stored KV caches are dropped before it and its document
@@ -96,7 +96,7 @@ class Completion:
 
 def completion_of(models, ids: Sequence[int], healed: str = "") -> Completion:
     """What the engine makes of these new token ids under scope "full": everything up to the
-    first end token (the raw output), decoded the engine's way (healed blanks left out); an
+    first end token (the raw output), decoded the engine's way (the healed blank left out); an
     unfinished UTF-8 sequence at the very end is not text yet, as in the engine."""
     kept, ended = cut_at_end(ids, models.end_ids)
     body = kept[:-1] if ended else kept

@@ -73,10 +73,10 @@ class _Healing:
         self.constraint, self.prompt_len = constraint, prompt_len
 
     def __call__(self, input_ids, scores):
+        from decoding.healing import limited
+
         allowed = self.constraint.allowed(input_ids[0, self.prompt_len:].tolist())
-        if allowed is None:
-            return scores
-        return scores.masked_fill(~allowed[:scores.shape[-1]].to(scores.device), float("-inf"))
+        return scores if allowed is None else limited(scores, allowed)
 
 
 def cut_at_end(ids: Sequence[int], end_ids: set[int]) -> tuple[list[int], bool]:
@@ -93,7 +93,7 @@ def generate_timed(model, prompt_ids: Sequence[int], max_new_tokens: int, end_id
                    assistant_model=None, prompt_lookup_num_tokens: int | None = None,
                    healing=None) -> GenerateTiming:
     """Greedy `model.generate` on one prompt, with timings. Only one of the two drafting options.
-    healing: a decoding.healing.Constraint on the first tokens, as the engine applies it."""
+    healing: a decoding.healing.Constraint on the first token, as the engine applies it."""
     import torch
     from transformers import GenerationConfig, LogitsProcessorList
 

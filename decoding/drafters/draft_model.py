@@ -11,16 +11,8 @@ import time
 import torch
 
 from decoding.drafters.base import Draft, DraftContext, Drafter, Offer
+from decoding.healing import limited
 from decoding.runner import ModelRunner, read_ahead
-
-
-def _limited(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """logits with the tokens `allowed` rules out at -inf (a draft model's table may be padded to
-    another width than the target's)."""
-    width = logits.shape[-1]
-    mask = allowed[:width] if len(allowed) >= width else torch.cat(
-        [allowed, allowed.new_zeros(width - len(allowed))])
-    return logits.masked_fill(~mask.to(logits.device), float("-inf"))
 
 
 class ModelDrafter(Drafter):
@@ -71,7 +63,7 @@ class ModelDrafter(Drafter):
         for _ in range(k):
             logits = self.runner.forward([last])[-1]
             if self.first_allowed is not None and len(seq) + len(tokens) == self.prompt_len:
-                logits = _limited(logits, self.first_allowed)  # as the target's first token is
+                logits = limited(logits, self.first_allowed)  # as the target's first token is
             if self.sampler.greedy:
                 p_top = torch.softmax(logits, -1).max()
                 if tokens and float(p_top) < self.confidence:

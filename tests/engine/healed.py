@@ -1,12 +1,13 @@
 """The engine's prompt with its last blank healed (decoding/healing.py), for the hand-written
 reference decoders: they decode the same problem as the engine (the prompt without that blank, the
-first token limited to those that write it) with their own loops. The set of allowed tokens is the
-engine's own (`BlankHealing.allowed`); tests/engine/test_healing.py checks it on its own."""
+first token limited to those that write it) with their own loops. The set of allowed tokens and the
+masking are the engine's own (`BlankHealing.allowed`, `limited`); tests/engine/test_healing.py checks
+them on their own."""
 from __future__ import annotations
 
 import torch
 
-from decoding.healing import without_healed
+from decoding.healing import limited, without_healed
 
 
 class HealedPrompt:
@@ -18,7 +19,7 @@ class HealedPrompt:
         """[V] logits of the token after `out`, with the tokens healing rules out at -inf."""
         if out or not self.healed:
             return logits
-        return logits.masked_fill(~self.models.healing.allowed(self.healed).to(logits.device), float("-inf"))
+        return limited(logits, self.models.healing.allowed(self.healed))
 
     def text(self, out: list[int]) -> str:
         """The completion's text as the engine reports it (an unfinished UTF-8 character at the end

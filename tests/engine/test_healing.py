@@ -60,3 +60,16 @@ def test_the_prompt_leaves_out_the_last_blank_of_the_prefix():
 def test_the_completion_text_leaves_the_healed_blank_out():
     assert without_healed(" ", " x = 1") == "x = 1"
     assert without_healed("", "x") == "x"
+
+
+def test_limited_rules_out_the_rest_at_any_table_width():
+    import torch
+
+    from decoding.healing import limited
+
+    allowed = torch.tensor([False, True, False, True])
+    logits = torch.arange(12.0).reshape(2, 6)  # a wider table (a draft model's, padded): extra columns out
+    out = limited(logits, allowed)
+    assert out[:, [1, 3]].tolist() == logits[:, [1, 3]].tolist()
+    assert torch.isinf(out[:, [0, 2, 4, 5]]).all()
+    assert limited(logits[:, :3], allowed)[0].tolist() == [float("-inf"), 1.0, float("-inf")]
