@@ -64,7 +64,9 @@ async def test_no_generation_inside_a_word_unless_invoked(client, workspace):
 async def test_typing_starts_the_suggestion_and_the_editors_request_joins_it(client, workspace):
     uri = (workspace / "typed.py").as_uri()
     open_document(client, uri, TEXT)
-    before = await stats(client)
+    # Settled: the suggestion the test before showed is prefetched in the background, and that
+    # prefetch ending after `before` would pass the wait below before this edit's job even started.
+    before = await settled(client)
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
     # The suggestion at the end of the edit was computed in the quiet period, before the editor asked.
     await until(client, lambda s: s["idle"]["prefetches"] > before["idle"]["prefetches"])
