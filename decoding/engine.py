@@ -142,7 +142,7 @@ class Engine:
             return self._record(CompletionResult("", stats), job)
         if (request.drafter or self.config.drafter) == "model":
             ensure_draft_model(models, self.config)  # asked for by name: load it if `auto` left it out
-        plan = build_plan(models, self.config, request)
+        plan = build_plan(models, self.config, request, seen=job.saw)
         result, stop = run_plan(models, plan, cancel)
         if request.alternatives and stop.reason != "cancelled":
             result.alternatives = alternatives.generate(models, plan, result.text, cancel)

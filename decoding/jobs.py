@@ -16,6 +16,8 @@ from decoding.errors import DraftwiseError
 class Job:
     """One submitted request: cancel it from any thread, await it from asyncio."""
 
+    tells_text = True  # the engine reports its text as it is generated (saw)
+
     def __init__(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
                  idle: bool = False, prompt_only: bool = False):
         self.request = request
@@ -24,10 +26,28 @@ class Job:
         self.idle = idle  # idle work: any request a user waits for cancels it (or joins it: Engine.submit)
         self.cancel_token = cancel or CancelToken()
         self.recorded = None  # the engine's stats of its result, once counted (Engine._record)
+        self.text_so_far = ""  # the completion's text as generated so far (set by the worker thread)
+        # Text the completion must begin with to be of any use (what the user has typed since it
+        # started: lsp_server/idle_work.py); it stops itself, `diverged`, once it writes otherwise.
+        self.must_begin_with = ""
+        self.diverged = False
         self.future: concurrent.futures.Future = concurrent.futures.Future()
 
     def cancel(self) -> None:
         self.cancel_token.cancel()
+
+    def saw(self, text: str) -> None:
+        self.text_so_far = text
+        if not agrees(text, self.must_begin_with):
+            self.diverged = True
+            self.cancel()
+
+    def expect(self, typed: str) -> None:
+        """From now on the completion must begin with `typed`; stop it at once if it does not."""
+        self.must_begin_with = typed
+        if self.text_so_far and not agrees(self.text_so_far, typed):
+            self.diverged = True
+            self.cancel()
 
     def result(self, timeout: float | None = None) -> CompletionResult:
         return self.future.result(timeout)
@@ -36,6 +56,12 @@ class Job:
         # Shielded: cancelling the awaiting task must not cancel the engine's future (call cancel()
         # to stop the generation; the job then resolves with stopped="cancelled").
         return asyncio.shield(asyncio.wrap_future(self.future)).__await__()
+
+
+def agrees(text: str, typed: str) -> bool:
+    """`text` and `typed` are the same up to the shorter one's length."""
+    n = min(len(text), len(typed))
+    return text[:n] == typed[:n]
 
 
 class JobRegistry:
@@ -71,8 +97,13 @@ class JobRegistry:
         return [j for j in (previous, *idle) if j is not None]
 
     def idle_for(self, request: CompletionRequest) -> Job | None:
-        """The document's idle job computing exactly `request` (running, or ended uncancelled)."""
+        """A job idle work can take instead of starting `request` again: the document's idle job
+        computing exactly it (running, or ended uncancelled), or the running request the user waits
+        for, if it is the same."""
         with self._lock:
+            latest = self._latest.get(request.document)
+            if latest is not None and latest.request == request and not latest.cancel_token.cancelled:
+                return latest
             return self._idle_computing(request)
 
     def _idle_computing(self, request: CompletionRequest) -> Job | None:
@@ -112,11 +143,12 @@ class JobRegistry:
                 if job.idle and not job.prompt_only and not job.cancel_token.cancelled:
                     self._idle_done[document] = job
 
-    def document_changed(self, document: str, version: int) -> None:
-        """The document moved past the version its running job was made for: stop that job now."""
+    def document_changed(self, document: str, version: int, keep: Job | None = None) -> None:
+        """The document moved past the version its running job was made for: stop that job now
+        (unless it is `keep`: the caller knows its answer still holds after the edit)."""
         with self._lock:
             job = self._latest.get(document)
-            if job is None or job.version >= version:
+            if job is None or job.version >= version or job is keep:
                 return
             del self._latest[document]
         job.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from decoding.api import CompletionRequest, EngineConfig, RequestStats
 from decoding.healing import Constraint, without_healed
@@ -24,7 +25,9 @@ class RequestPlan:
     healing: Constraint | None = None  # the blank the completion must write first (decoding/healing.py)
 
 
-def build_plan(models: LoadedModels, config: EngineConfig, request: CompletionRequest) -> RequestPlan:
+def build_plan(models: LoadedModels, config: EngineConfig, request: CompletionRequest,
+               seen: Callable[[str], None] | None = None) -> RequestPlan:
+    """seen: told the completion's text so far after each step (StopRule.seen)."""
     from decoding.stop_rules import completion_rules
 
     mode = models.drafter_mode(request.drafter or config.drafter)
@@ -38,7 +41,7 @@ def build_plan(models: LoadedModels, config: EngineConfig, request: CompletionRe
         healing = Constraint(models.healing, prompt.healed)
         decode = lambda ids: without_healed(prompt.healed, models.decode(ids))  # noqa: E731
     rule = StopRule(models.end_ids, request.max_tokens or config.max_tokens, decode, text_rule, final_rule,
-                    deadline, whole_lines=request.scope != "full")
+                    deadline, whole_lines=request.scope != "full", seen=seen)
     sampler = Sampler(request.temperature, request.top_p, request.top_k, request.seed)
     return RequestPlan(request, prompt.ids, rule, sampler, DraftPolicy(mode, models.drafters, models.cost, stats),
                        stats, healing)

@@ -40,6 +40,9 @@ class StopRule:
     # Past the deadline: end at the next line end (never half a line on screen), or at once (False:
     # the "full" scope, whose raw output is cut wherever it is).
     whole_lines: bool = True
+    # Told the completion's text after each step (a job's text so far: idle work compares it with
+    # what the user types meanwhile, lsp_server/idle_work.py).
+    seen: Callable[[str], None] | None = None
 
     def check(self, generated: list[int]) -> Stop | None:
         n = min(len(generated), self.max_tokens)
@@ -48,6 +51,8 @@ class StopRule:
         # Text rules see exactly the text plain decoding would have seen, even when one step
         # accepted several tokens and an end-of-text among them.
         text = self.decode(generated[:upto]).rstrip("\ufffd")  # an unfinished UTF-8 sequence is not text yet
+        if self.seen is not None:
+            self.seen(text)
         cut = self.text_rule(text)
         if cut is not None:
             return Stop("stop_rule", upto, cut)

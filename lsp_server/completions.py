@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
@@ -30,16 +31,20 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from decoding.api import CompletionRequest, CompletionResult
 from decoding.errors import EngineNotReady
+from decoding.jobs import agrees
 from lsp_server.config import Settings
 from lsp_server.documents import LINE_BREAK, DocumentStore, OpenDocument, display_path, select_context
 from lsp_server.engine_host import EngineHost
 from lsp_server.postprocess import Edit, IndentStyle, detect_indent, shape
-from lsp_server.typeahead import TypeAheadMemory
+from lsp_server.typeahead import TypeAheadMemory, typed_since
 
 log = logging.getLogger(__name__)
 
 ACCEPTED_COMMAND = "draftwise.accepted"
 PARTIALLY_ACCEPTED_COMMAND = "draftwise.partiallyAccepted"
+# An editor cancels a request for a keystroke and sends the keystroke's didChange with it (in either
+# order): how long a cancelled request's job waits for that edit.
+EDIT_AFTER_CANCEL_S = 0.05
 CONTEXT_CHARS_PER_TOKEN = 4  # generous: code averages about 3 characters per token
 
 
@@ -101,6 +106,7 @@ class SuggestionCounts:
     alternatives_accepted: int = 0  # whole or in part
     partial_by_kind: dict[str, int] = field(default_factory=dict)  # "word" / "line" / "other"
     prefetched: int = 0  # next suggestions computed in idle time after one was shown
+    predicted: int = 0  # answered from the suggestion idle work started before the user typed on along it
     skipped_mid_word: int = 0  # automatic requests answered with nothing: the cursor was inside a word
 
     def to_dict(self) -> dict:
@@ -109,6 +115,7 @@ class SuggestionCounts:
                 "alternativesShown": self.alternatives_shown,
                 "alternativesAccepted": self.alternatives_accepted,
                 "partiallyAcceptedBy": dict(self.partial_by_kind), "prefetched": self.prefetched,
+                "predicted": self.predicted,
                 "skippedMidWord": self.skipped_mid_word}
 
 
@@ -134,6 +141,36 @@ def cursor_line(prefix: str, suffix: str) -> tuple[str, str]:
     return prefix[cut + 1:], suffix[: match.start()] if match else suffix
 
 
+@dataclass
+class Prediction:
+    """The suggestion idle work computes at the cursor where the user last stopped typing. While the
+    user goes on typing what it says (its text so far), it keeps running, and the request at their
+    next pause is answered from it (Completions.suggest); otherwise it is stopped."""
+
+    doc: OpenDocument
+    version: int  # the document version it was started for
+    prefix: str
+    suffix: str
+    job: object  # a decoding.jobs.Job
+    task: asyncio.Task | None = None  # awaits the job and sets `text`
+    text: str | None = None  # the suggestion as the editor would show it at `prefix`, once done
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def typed(self, prefix: str, suffix: str) -> str | None:
+        """What the user typed since it started, if the document reads prefix + suffix by that alone."""
+        return typed_since(self.prefix, self.suffix, prefix, suffix)
+
+    def agrees(self, typed: str) -> bool:
+        """The typing agrees with what is generated so far. A running job is given the benefit of the
+        doubt for what it has not generated yet: it stops itself at its first token that disagrees
+        (Job.expect). Not a job whose text comes only at its end (a remote engine's)."""
+        so_far = self.job.text_so_far if self.text is None else self.text
+        return agrees(so_far, typed) and (bool(so_far) or self.job.tells_text)
+
+
 class Completions:
     def __init__(self, documents: DocumentStore, host: EngineHost, settings: Callable[[], Settings],
                  workspace_folders: Callable[[], Sequence[str]]) -> None:
@@ -148,6 +185,7 @@ class Completions:
         self._background: set[asyncio.Task] = set()
         self._items: OrderedDict[str, ItemRecord] = OrderedDict()
         self.last_stats: dict | None = None  # engine stats of the last suggestion the editor waited for
+        self.prediction: Prediction | None = None  # idle work's latest suggestion (lsp_server/idle_work.py)
 
     # ---- the request path ----------------------------------------------------------------------
 
@@ -172,8 +210,18 @@ class Completions:
         # Asked for by hand: the user waits for a choice, so no instant answer from type-ahead.
         if invoked and settings.alternatives > 1:
             request.alternatives = settings.alternatives - 1
-        instant = (self.typeahead.continuation(uri, cursor.prefix, cursor.suffix)
-                   if use_memory and not request.alternatives else None)
+        instant = None
+        if use_memory and not request.alternatives:
+            predicted = await self._from_prediction(cursor)
+            if predicted is SUPERSEDED:
+                return SUPERSEDED
+            shown = self._shaped(cursor, predicted, instant=True) if predicted else None
+            if shown is not None:
+                # The engine's own answer, for an earlier cursor the user has typed along: no need
+                # to ask it again.
+                self.counts.predicted += 1
+                return shown
+            instant = self.typeahead.continuation(uri, cursor.prefix, cursor.suffix)
         if instant is not None:
             job = self._submit(request, cursor.version)
             if job is not None:
@@ -211,7 +259,13 @@ class Completions:
         try:
             result = await job
         except asyncio.CancelledError:
-            job.cancel()  # the client cancelled: stop the engine now, not after max_tokens
+            # The client cancelled: stop the engine now, not after max_tokens. A request that joined
+            # idle work's suggestion was cancelled for a keystroke, which may run along it: that
+            # edit decides (IdleWork.document_changed); without one soon, it stops all the same.
+            if self.prediction is not None and job is self.prediction.job:
+                asyncio.get_running_loop().call_later(EDIT_AFTER_CANCEL_S, self._stop_unless_edited, cursor, job)
+            else:
+                job.cancel()
             raise
         except Exception:
             log.exception("completion failed for %s", uri)
@@ -265,8 +319,88 @@ class Completions:
         request = self.request_at(doc, prefix, suffix, self.settings())
         line_before, line_after = cursor_line(prefix, suffix)
         generate = (not mid_word(line_before, line_after)
-                    and self.typeahead.continuation(doc.uri, prefix, suffix) is None)
+                    and self.typeahead.continuation(doc.uri, prefix, suffix) is None
+                    and not self.prediction_covers(doc, offset))
         return request, generate
+
+    # ---- idle work's prediction ----------------------------------------------------------------
+
+    def predict(self, doc: OpenDocument, version: int, request: CompletionRequest,
+                ended: Callable[[Prediction], None]) -> Prediction | None:
+        """Start idle work's suggestion for `request` (from idle_request); `ended` is called when it
+        is over, finished or stopped."""
+        job = self._submit(request, version, idle=True)
+        if job is None:
+            return None
+        prediction = Prediction(doc, version, request.prefix, request.suffix, job)
+        prediction.task = asyncio.ensure_future(self._predicted(prediction))
+        prediction.task.add_done_callback(lambda _: ended(prediction))
+        self.prediction = prediction
+        return prediction
+
+    def prediction_covers(self, doc: OpenDocument, offset: int) -> bool:
+        """The user typed along idle work's latest suggestion since it started, and it has more to
+        show at `offset` (or, still running, agrees with the typing so far): it answers the request
+        at the next pause, nothing new needs computing."""
+        return self._typed_along_prediction(doc, offset) is not None
+
+    def follow_typing(self, doc: OpenDocument, offset: int):
+        """After an edit: the job of idle work's running suggestion if it covers the new cursor, told
+        what the user typed (it stops itself at a token that differs: Job.expect); else None."""
+        typed = self._typed_along_prediction(doc, offset)
+        if typed is None or not self.prediction.running:
+            return None
+        self.prediction.job.expect(typed)
+        return self.prediction.job
+
+    def _typed_along_prediction(self, doc: OpenDocument, offset: int) -> str | None:
+        p = self.prediction
+        if p is None or p.doc is not doc or (p.text is None and not p.running):
+            return None
+        typed = p.typed(doc.text[:offset], doc.text[offset:])
+        if not typed or not p.agrees(typed):
+            return None
+        return typed if p.running or len(typed) < len(p.text) else None
+
+    def _stop_unless_edited(self, cursor: _Cursor, job) -> None:
+        if cursor.doc.version == cursor.version:  # no edit since the request: nothing runs along it
+            job.cancel()
+
+    def stop_prediction(self) -> None:
+        if self.prediction is not None and self.prediction.running:
+            self.prediction.job.cancel()
+
+    async def _predicted(self, p: Prediction) -> None:
+        try:
+            result = await p.job
+        except Exception:
+            log.debug("idle work failed for %s", p.doc.uri, exc_info=True)
+            return
+        if result.stats.stopped == "cancelled":
+            return
+        line_before, line_after = cursor_line(p.prefix, p.suffix)
+        edit = shape(result.text, line_before, line_after, self._indent(p.doc))
+        if edit is not None and edit.text:
+            p.text = edit.text
+
+    async def _from_prediction(self, cursor: _Cursor) -> str | _Superseded | None:
+        """The rest of idle work's suggestion if the user typed along it since it started (waiting for
+        it to finish), else None."""
+        p = self.prediction
+        if p is None or p.doc is not cursor.doc:
+            return None
+        typed = p.typed(cursor.prefix, cursor.suffix)
+        if not typed or not p.agrees(typed):
+            return None  # nothing typed since: the request is the prediction's own and joins it (Engine.submit)
+        waited = time.perf_counter()
+        await asyncio.shield(p.task)  # a cancelled request leaves the prediction running
+        if self._moved_on(cursor.doc, cursor.version):
+            return SUPERSEDED
+        if p.text is None or not p.text.startswith(typed) or len(typed) >= len(p.text):
+            return None
+        log.info("request: answered from idle work's suggestion (%d characters typed along it; waited %.0f ms)",
+                 len(typed), (time.perf_counter() - waited) * 1000)
+        return p.text[len(typed):]
 
     def _submit(self, request: CompletionRequest, version: int, idle: bool = False):
         try:

@@ -136,10 +136,11 @@ class EngineHost:
             return None
         return self._engine.prepare(request)
 
-    def document_changed(self, document: str, version: int) -> None:
-        """The document moved past the version its running job was made for: stop that job now."""
+    def document_changed(self, document: str, version: int, keep=None) -> None:
+        """The document moved past the version its running job was made for: stop that job now,
+        unless it is `keep` (idle work's suggestion that a request joined, which the user is typing)."""
         if self._engine is not None:
-            self._engine.jobs.document_changed(document, version)
+            self._engine.jobs.document_changed(document, version, keep)
 
     def document_closed(self, document: str) -> None:
         if self._engine is not None:

@@ -7,9 +7,15 @@ one, so it joins the running job (Engine.submit) instead of starting over: the d
 adds to the wait. Where the editor will not ask, or will be answered from a shown suggestion
 (mid-word, typing along a suggestion), only the prompt is read ahead into the KV caches.
 
-It is idle work: any other request the user waits for cancels it within one forward, the next edit
-cancels it, it stays inside the cache budget (the KV store evicts as for any request), and it runs
-only for the document being edited.
+The user often goes on typing what that suggestion says (the end of a word, the `)` and the Enter
+of a line). Then it is not stopped: it runs on, and the request at the next pause is answered from
+its rest (Completions.follow_typing, Completions.suggest), with a head start of every keystroke
+typed along it. It stops itself at the first token that differs from the typing (Job.expect), and
+idle work starts again where the cursor is.
+
+It is idle work: any other request the user waits for cancels it within one forward, an edit that
+leaves it cancels it, it stays inside the cache budget (the KV store evicts as for any request), and
+it runs only for the document being edited.
 """
 from __future__ import annotations
 
@@ -33,22 +39,26 @@ class IdleWork:
         self.host = host  # lsp_server.engine_host.EngineHost
         self.settings = settings
         self.quiet_s = quiet_s
-        self._timer: asyncio.TimerHandle | None = None
-        self._job = None  # the suggestion started for the last edit (a decoding.jobs.Job)
+        self._timer: asyncio.Handle | None = None
 
-    def document_changed(self, doc: OpenDocument) -> None:
-        """Every edit restarts the quiet period and stops the suggestion started for the edit before
-        (the cursor has left it); only the latest edited document gets idle work."""
+    def document_changed(self, doc: OpenDocument):
+        """Every edit restarts the quiet period. The suggestion started for an earlier edit goes on
+        while the user types what it says (the request at their next pause is answered from it):
+        its job is returned, for the engine to keep even where an editor's request joined it.
+        Otherwise it stops (the cursor has left it). Only the latest edited document gets idle work."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._job is not None:
-            self._job.cancel()  # stale, also when the editor's request joined it: that was for the old text
-            self._job = None
         settings = self.settings()
         if not settings.idle_work or doc.edit_end is None or not settings.serves_language(doc.language_id):
-            return
+            self.completions.stop_prediction()
+            return None
+        running_along = self.completions.follow_typing(doc, doc.edit_end)
+        if running_along is not None:
+            return running_along
+        self.completions.stop_prediction()  # the typing left it (a finished one stays to answer from)
         self._timer = asyncio.get_running_loop().call_later(self.quiet_s, self._start, doc, doc.version)
+        return None
 
     def _start(self, doc: OpenDocument, version: int) -> None:
         self._timer = None
@@ -57,13 +67,24 @@ class IdleWork:
         try:
             request, generate = self.completions.idle_request(doc, doc.edit_end)
             if generate:
-                self._job = self.host.submit(request, version, idle=True)
+                self.completions.predict(doc, version, request, self._prediction_ended)
             else:
                 self.host.prepare(request)
         except Exception:  # idle work must never disturb the server
             log.debug("idle work failed for %s", doc.uri, exc_info=True)
 
+    def _prediction_ended(self, prediction) -> None:
+        """The user typed on along a prediction while it ran: now idle work moves to where they are
+        (a prompt read ahead where the prediction still covers the cursor, else a new prediction)."""
+        doc = prediction.doc
+        if prediction.job.cancel_token.cancelled and not prediction.job.diverged:
+            return  # stopped by an edit (which started idle work of its own) or by a request
+        if (self._timer is None and doc.version != prediction.version and self.completions.prediction is prediction
+                and self.completions.documents.get(doc.uri) is doc and self.settings().idle_work):
+            self._timer = asyncio.get_running_loop().call_soon(self._start, doc, doc.version)
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self.completions.stop_prediction()

@@ -218,8 +218,8 @@ def _add_document_sync(server: DraftwiseServer) -> None:
     def did_change(ls: DraftwiseServer, params: types.DidChangeTextDocumentParams) -> None:
         doc = params.text_document
         changed = ls.documents.change(doc.uri, doc.version, params.content_changes)
-        ls.engine_host.document_changed(doc.uri, doc.version)
-        ls.idle_work.document_changed(changed)
+        running_along = ls.idle_work.document_changed(changed)  # idle work's job the user types along, if any
+        ls.engine_host.document_changed(doc.uri, doc.version, keep=running_along)
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DraftwiseServer, params: types.DidCloseTextDocumentParams) -> None:

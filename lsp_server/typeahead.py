@@ -69,14 +69,19 @@ class TypeAheadMemory:
 
 
 def _typed_along(shown: ShownSuggestion, prefix: str, suffix: str) -> str | None:
-    if not prefix.startswith(shown.prefix):
-        return None
-    typed = prefix[len(shown.prefix):]
-    if not shown.text.startswith(typed) or len(typed) >= len(shown.text):
-        return None
-    if not suffix.endswith(shown.suffix):
-        return None
-    inserted_right = suffix[: len(suffix) - len(shown.suffix)]
-    if any(ch not in AUTO_INSERTED for ch in inserted_right):
+    typed = typed_since(shown.prefix, shown.suffix, prefix, suffix)
+    if typed is None or not shown.text.startswith(typed) or len(typed) >= len(shown.text):
         return None
     return shown.text[len(typed):]
+
+
+def typed_since(old_prefix: str, old_suffix: str, prefix: str, suffix: str) -> str | None:
+    """What the user typed at a cursor that had `old_prefix` before it and `old_suffix` after, if
+    the document now reads `prefix + suffix` because of that typing alone (auto-closed characters
+    the editor added after the cursor allowed); None otherwise."""
+    if not prefix.startswith(old_prefix) or not suffix.endswith(old_suffix):
+        return None
+    inserted_right = suffix[: len(suffix) - len(old_suffix)]
+    if any(ch not in AUTO_INSERTED for ch in inserted_right):
+        return None
+    return prefix[len(old_prefix):]

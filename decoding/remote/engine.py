@@ -54,6 +54,8 @@ class RemoteJob(Job):
     """A Job whose cancel also closes its stream: cancelling the task ends the HTTP request, which
     makes the server stop generating."""
 
+    tells_text = False  # its text arrives whole at the end (Job.saw is never called)
+
     def __init__(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
                  idle: bool = False):
         super().__init__(request, cancel, version, idle)

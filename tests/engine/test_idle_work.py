@@ -3,6 +3,7 @@ cancels idle work, which then finishes at most the one forward already running."
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -163,3 +164,42 @@ def test_idle_work_for_a_request_already_being_computed_keeps_that_job(engine):
         first.result(timeout=60)
     finally:
         engine.models.target_runner.test_delay_s = 0.0
+
+
+def test_a_job_told_what_the_user_typed_stops_at_its_first_token_that_differs(engine):
+    # One token a forward (no drafts), so that a job can stop before its end.
+    request = CompletionRequest(prefix="def area(width, height):\n    return ", suffix="\n", document="typed",
+                                scope="full", drafter="none")
+    text = engine.complete(request).text
+    assert len(text) >= 2
+    runner = engine.models.target_runner
+    runner.test_delay_s = 0.1  # the first token comes >= 0.2 s after submit: expect() is called before
+    try:
+        along = engine.submit(request, idle=True)
+        along.expect(text[:2])  # typed what it writes: it runs to its end
+        assert along.result(timeout=60).text == text and not along.diverged
+        other = engine.submit(replace(request, document="typed otherwise"), idle=True)  # not `along` again
+        other.expect("#" if text[0] != "#" else "@")  # the first character differs
+        result = other.result(timeout=60)
+    finally:
+        runner.test_delay_s = 0.0
+    assert other.diverged and result.stats.stopped == "cancelled"
+    # It stopped at the token that showed the difference, not at its end.
+    assert result.stats.generated_tokens < engine.complete(request).stats.generated_tokens
+    assert result.stats.forwards_after_cancel == 0
+
+
+def test_job_expect_and_saw_compare_the_typing_with_the_text_so_far():
+    from decoding.jobs import Job
+
+    job = Job(CompletionRequest(prefix="x"))
+    job.expect("ab")
+    job.saw("a")
+    job.saw("abc")  # wrote past the typing, along it
+    assert not job.cancel_token.cancelled
+    job.saw("abx")
+    assert not job.cancel_token.cancelled, "past the typed text anything goes"
+    late = Job(CompletionRequest(prefix="x"))
+    late.saw("ac")
+    late.expect("ab")  # typed after it wrote something else
+    assert late.cancel_token.cancelled and late.diverged

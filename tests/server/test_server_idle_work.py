@@ -140,3 +140,88 @@ async def test_the_time_cap_stops_generation_and_shows_what_is_complete(tiny_mod
         last = (await stats(client))["last"]
         assert last["stopped"] == "time_limit"
         assert 0 < last["generated_tokens"] < 64
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def slow_client(tiny_model_dir, workspace):
+    """Forwards of at least 200 ms: idle work's suggestion is still being written while the test types."""
+    async with lsp_session(["--target", str(tiny_model_dir)], workspace=workspace,
+                           env={"DRAFTWISE_TEST_FORWARD_DELAY_MS": "200"},
+                           initialization_options={"maxTokens": 8, "scope": "full", "maxTimeMs": 0}) as (client, _):
+        await wait_for_state(client)
+        yield client
+
+
+async def _idle_text_after_n(client, uri: str) -> str:
+    """What idle work writes after the user types "n" at the end of TEXT (greedy, so it writes the same
+    again). The document is closed afterwards: the shown suggestion leaves the server's memory."""
+    open_document(client, uri, TEXT)
+    before = await settled(client)
+    client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
+    await until(client, lambda s: s["idle"]["prefetches"] > before["idle"]["prefetches"])
+    result = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 1))
+    assert result is not None and len(result.items[0].insert_text) >= 2
+    client.text_document_did_close(types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
+    return result.items[0].insert_text
+
+
+async def test_typing_what_idle_work_writes_keeps_it_running_and_the_pause_is_answered_from_it(slow_client, workspace):
+    client, uri = slow_client, (workspace / "typed-along.py").as_uri()
+    text = await _idle_text_after_n(client, uri)
+    open_document(client, uri, TEXT)
+    before = await settled(client)
+    client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
+    # As VS Code does between keys: a request after its debounce joins idle work's job, and the next
+    # key cancels that request.
+    await asyncio.sleep(0.1)
+    joined = asyncio.ensure_future(client.protocol.send_request_async(
+        types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, LAST_LINE, LAST_COLUMN + 1), msg_id="joins"))
+    await asyncio.sleep(0.8)  # idle work has written its first token (~0.4 s), not its last (~1.8 s)
+    assert not joined.done()
+    client.text_document_did_change(insert_change(uri, 3, LAST_LINE, LAST_COLUMN + 1, text[0]))  # what it wrote
+    client.cancel_request(types.CancelParams(id="joins"))
+    result = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 2))
+    assert result is not None and result.items[0].insert_text == text[1:]
+    after = await stats(client)
+    assert after["suggestions"]["predicted"] == before["suggestions"]["predicted"] + 1
+    # Neither the typing nor the cancelled request stopped it: stopped, a new one would have started
+    # at the new cursor (and the request would have joined that one).
+    assert after["idle"]["prefetches"] == before["idle"]["prefetches"], "still counted as the request it became"
+    assert after["idle"]["joined"] == before["idle"]["joined"] + 1
+    assert after["last"]["stopped"] != "cancelled"
+
+
+async def test_typing_something_else_stops_idle_work_and_starts_it_at_the_new_cursor(slow_client, workspace):
+    client, uri = slow_client, (workspace / "typed-otherwise.py").as_uri()
+    text = await _idle_text_after_n(client, uri)
+    other = "#" if text[0] != "#" else "@"
+    open_document(client, uri, TEXT)
+    before = await settled(client)
+    client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
+    await asyncio.sleep(0.9)
+    client.text_document_did_change(insert_change(uri, 3, LAST_LINE, LAST_COLUMN + 1, other))
+    # Stopped within a forward, and the new cursor's suggestion runs to its end.
+    now = await until(client, lambda s: s["idle"]["prefetches"] == before["idle"]["prefetches"] + 2)
+    assert now["idle"]["cancelled"] == before["idle"]["cancelled"] + 1
+    result = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 2))
+    assert result is not None
+    after = await stats(client)
+    assert after["suggestions"]["predicted"] == before["suggestions"]["predicted"]
+    assert after["idle"]["joined"] == before["idle"]["joined"] + 1, "the request took the new suggestion"
+
+
+async def test_a_cancelled_request_that_joined_idle_work_stops_it_when_no_edit_follows(slow_client, workspace):
+    client, uri = slow_client, (workspace / "cancelled-alone.py").as_uri()
+    open_document(client, uri, TEXT)
+    before = await settled(client)
+    client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
+    await asyncio.sleep(0.1)  # after the quiet period: the request joins idle work's job
+    pending = asyncio.ensure_future(client.protocol.send_request_async(
+        types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, LAST_LINE, LAST_COLUMN + 1), msg_id="alone"))
+    await asyncio.sleep(0.6)  # generating (8 forwards of >= 200 ms)
+    assert not pending.done()
+    client.cancel_request(types.CancelParams(id="alone"))  # and no keystroke
+    now = await until(client, lambda s: s["requests"] > before["requests"])
+    assert now["idle"]["joined"] == before["idle"]["joined"] + 1
+    assert now["last"]["stopped"] == "cancelled" and now["last"]["generated_tokens"] < 8
+    assert now["last"]["forwards_after_cancel"] <= 1
