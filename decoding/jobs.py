@@ -38,14 +38,15 @@ class Job:
 
     def saw(self, text: str) -> None:
         self.text_so_far = text
-        if not agrees(text, self.must_begin_with):
-            self.diverged = True
-            self.cancel()
+        self._stop_if_diverged()
 
     def expect(self, typed: str) -> None:
         """From now on the completion must begin with `typed`; stop it at once if it does not."""
         self.must_begin_with = typed
-        if self.text_so_far and not agrees(self.text_so_far, typed):
+        self._stop_if_diverged()
+
+    def _stop_if_diverged(self) -> None:
+        if not agrees(self.text_so_far, self.must_begin_with):
             self.diverged = True
             self.cancel()
 

@@ -31,7 +31,7 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from decoding.api import CompletionRequest, CompletionResult
 from decoding.errors import EngineNotReady
-from decoding.jobs import agrees
+from decoding.jobs import Job, agrees
 from lsp_server.config import Settings
 from lsp_server.documents import LINE_BREAK, DocumentStore, OpenDocument, display_path, select_context
 from lsp_server.engine_host import EngineHost
@@ -151,7 +151,7 @@ class Prediction:
     version: int  # the document version it was started for
     prefix: str
     suffix: str
-    job: object  # a decoding.jobs.Job
+    job: Job
     task: asyncio.Task | None = None  # awaits the job and sets `text`
     text: str | None = None  # the suggestion as the editor would show it at `prefix`, once done
 
@@ -342,22 +342,24 @@ class Completions:
         """The user typed along idle work's latest suggestion since it started, and it has more to
         show at `offset` (or, still running, agrees with the typing so far): it answers the request
         at the next pause, nothing new needs computing."""
-        return self._typed_along_prediction(doc, offset) is not None
+        return self._typed_along_prediction(doc, doc.text[:offset], doc.text[offset:]) is not None
 
-    def follow_typing(self, doc: OpenDocument, offset: int):
+    def follow_typing(self, doc: OpenDocument, offset: int) -> Job | None:
         """After an edit: the job of idle work's running suggestion if it covers the new cursor, told
         what the user typed (it stops itself at a token that differs: Job.expect); else None."""
-        typed = self._typed_along_prediction(doc, offset)
+        typed = self._typed_along_prediction(doc, doc.text[:offset], doc.text[offset:])
         if typed is None or not self.prediction.running:
             return None
         self.prediction.job.expect(typed)
         return self.prediction.job
 
-    def _typed_along_prediction(self, doc: OpenDocument, offset: int) -> str | None:
+    def _typed_along_prediction(self, doc: OpenDocument, prefix: str, suffix: str) -> str | None:
+        """What the user typed since idle work's latest suggestion started, if that covers the cursor
+        at prefix|suffix; else None."""
         p = self.prediction
         if p is None or p.doc is not doc or (p.text is None and not p.running):
             return None
-        typed = p.typed(doc.text[:offset], doc.text[offset:])
+        typed = p.typed(prefix, suffix)
         if not typed or not p.agrees(typed):
             return None
         return typed if p.running or len(typed) < len(p.text) else None
@@ -386,13 +388,11 @@ class Completions:
     async def _from_prediction(self, cursor: _Cursor) -> str | _Superseded | None:
         """The rest of idle work's suggestion if the user typed along it since it started (waiting for
         it to finish), else None."""
-        p = self.prediction
-        if p is None or p.doc is not cursor.doc:
+        # (None too when nothing was typed since it started: the request is its own and joins it.)
+        typed = self._typed_along_prediction(cursor.doc, cursor.prefix, cursor.suffix)
+        if typed is None:
             return None
-        typed = p.typed(cursor.prefix, cursor.suffix)
-        if not typed or not p.agrees(typed):
-            return None  # nothing typed since: the request is the prediction's own and joins it (Engine.submit)
-        waited = time.perf_counter()
+        p, waited = self.prediction, time.perf_counter()
         await asyncio.shield(p.task)  # a cancelled request leaves the prediction running
         if self._moved_on(cursor.doc, cursor.version):
             return SUPERSEDED
