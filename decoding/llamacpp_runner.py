@@ -29,7 +29,7 @@ import torch
 from decoding.api import CancelToken
 from decoding.errors import ModelLoadError
 from decoding.kv_cache import KVStore, common_prefix_len
-from decoding.runner import PREFILL_CHUNK, PrefixSync, synthetic_tokens
+from decoding.runner import FIRST_FORWARD_TAIL, PREFILL_CHUNK, PrefixSync, synthetic_tokens
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,10 @@ class SavedState:
 
 class LlamaCppRunner(PrefixSync):
     """ModelRunner's contract on llama.cpp (see decoding/runner.py for the invariant on `tokens`)."""
+
+    # The prompt's last tokens are read with the first one generated. Drafting is on only where a
+    # verify row equals a decode step (verify_exact), so plain and drafted decoding read them alike.
+    prompt_tail = FIRST_FORWARD_TAIL
 
     def __init__(self, loaded, cache_budget_bytes: int, role: str = "target") -> None:
         self.role, self.loaded = role, loaded

@@ -59,7 +59,7 @@ def _generate(models: LoadedModels, plan: RequestPlan, cancel: CancelToken,
               started: float) -> tuple[list[int], Stop]:
     request, seq = plan.request, list(plan.prompt)
     try:
-        models.target_runner.sync(seq, cancel)
+        models.target_runner.sync(seq, cancel, unread=models.target_runner.prompt_tail)
     except Cancelled:  # raised between prefill chunks: the cache is consistent
         return [], Stop("cancelled", 0)
     plan.stats.prefill_ms = (time.perf_counter() - started) * 1000

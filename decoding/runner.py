@@ -17,6 +17,11 @@ from decoding.models.loading import LoadedModel
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds the wait for a cancel during long prefills;
 # each chunk re-reads all weights, so smaller chunks make every cold prompt slower on a CPU
+# Prompt tokens the first forward of a request on llama.cpp reads with the last one, instead of a
+# prefill forward of their own. A keystroke changes the last few prompt tokens; on a 2-core CPU
+# llama.cpp reads 2 tokens in about the time of 2 single ones but 4 in no more, so this saves about
+# one decode step before the first token (LlamaCppRunner.prompt_tail).
+FIRST_FORWARD_TAIL = 16
 
 
 def kv_bytes_per_token(model) -> int:
@@ -41,11 +46,18 @@ class PrefixSync:
     """What every runner (PyTorch's below, llama.cpp's) does the same way on top of its own `tokens`,
     `crop_to` and `forward`."""
 
-    def sync(self, seq: list[int], cancel: CancelToken | None = None) -> int:
-        """Make the cache hold seq[:-1] (crop where it diverges, feed what is missing). Returns tokens fed."""
+    # Prompt tokens a request leaves for its first verify forward (sync's `unread`): on PyTorch only
+    # the last. A bf16 row's result depends on how many rows its forward has, so plain and drafted
+    # decoding must read the prompt alike: all of it but the last token first.
+    prompt_tail = 1
+
+    def sync(self, seq: list[int], cancel: CancelToken | None = None, unread: int = 1) -> int:
+        """Make the cache hold seq but its last token (crop where it diverges, feed what is missing),
+        or, with `unread` > 1, leave up to that many of the missing tokens at its end unread for the
+        caller's next forward. Returns tokens fed."""
         keep = min(common_prefix_len(self.tokens, seq), len(seq) - 1)
         self.crop_to(keep)
-        missing = seq[keep:len(seq) - 1]
+        missing = seq[keep:len(seq) - max(1, min(unread, len(seq) - keep))]
         for i in range(0, len(missing), PREFILL_CHUNK):
             if cancel is not None and cancel.cancelled:
                 raise Cancelled()

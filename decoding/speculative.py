@@ -82,9 +82,10 @@ class StopRule:
 def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy, sampler: Sampler,
                        rule: StopRule, cancel: CancelToken, stats: RequestStats,
                        healing: Constraint | None = None) -> tuple[list[int], Stop]:
-    """seq: the prompt; the target's cache must hold seq[:-1]. Returns every generated token and
-    where the completion stops (a cancelled one keeps what it has). healing: the first token is one
-    it allows (its row of the first forward is masked; plain decoding does the same)."""
+    """seq: the prompt; the target's cache must hold seq[:-1], or less of it: the first forward reads
+    the rest (runner.sync's `unread`). Returns every generated token and where the completion stops
+    (a cancelled one keeps what it has). healing: the first token is one it allows (its row of the
+    first forward is masked; plain decoding does the same)."""
     prompt_len, started = len(seq), time.perf_counter()
     while True:
         if cancel.cancelled:
@@ -93,14 +94,15 @@ def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy,
         if cancel.cancelled:
             break
         t_forward = time.perf_counter()
-        logits = target.forward([seq[-1]] + (draft.tokens if draft else []))
+        fed = seq[len(target.tokens):] + (draft.tokens if draft else [])
+        logits = target.forward(fed, logits_to_keep=1 + (len(draft) if draft else 0))
         allowed = healing.allowed(seq[prompt_len:]) if healing is not None else None
         if allowed is not None:
             logits[0] = limited(logits[0], allowed)
         stats.target_forwards += 1
         new = sampler.verify(logits, draft)  # accepted draft tokens + one token of the target's own
         target.crop_to(len(seq) + len(new) - 1)  # rejected draft tokens leave the cache
-        policy.observe(draft, len(new) - 1, time.perf_counter() - t_forward)
+        policy.observe(draft, len(new) - 1, time.perf_counter() - t_forward, fed=len(fed))
         seq.extend(new)
         if stats.target_forwards == 1:
             stats.first_token_ms = stats.prefill_ms + (time.perf_counter() - started) * 1000

@@ -141,19 +141,35 @@ def cursor_line(prefix: str, suffix: str) -> tuple[str, str]:
     return prefix[cut + 1:], suffix[: match.start()] if match else suffix
 
 
+CUT_SHORT = ("time_limit", "max_tokens")  # stop reasons of a suggestion the model had more to say after
+# A prediction grows a line at a time while the user types along it: it keeps this many finished
+# links from the one the cursor is in to its end (the line being typed and the one after the Enter).
+LINKS_AHEAD = 2
+
+
 @dataclass
 class Prediction:
     """The suggestion idle work computes at the cursor where the user last stopped typing. While the
-    user goes on typing what it says (its text so far), it keeps running, and the request at their
-    next pause is answered from it (Completions.suggest); otherwise it is stopped."""
+    user goes on typing what it says, it keeps running, and the request at their next pause is
+    answered from it (Completions.suggest); otherwise it is stopped.
+
+    It is a chain of links. The time cap (maxTimeMs) ends a suggestion at a line end although the
+    model had more to say (as maxTokens may); then, in idle time, the next link is computed as if the
+    user had typed the text so far, so the line after their Enter is ready when they get there. Each link is the
+    suggestion the editor would get at its start; a request is answered with the rest of the link
+    the cursor is in."""
 
     doc: OpenDocument
     version: int  # the document version it was started for
     prefix: str
     suffix: str
-    job: Job
-    task: asyncio.Task | None = None  # awaits the job and sets `text`
-    text: str | None = None  # the suggestion as the editor would show it at `prefix`, once done
+    job: Job  # the running link's job, or the last link's
+    ended: Callable[["Prediction"], None] = lambda p: None  # told when its task is over
+    task: asyncio.Task | None = None  # awaits the links and adds their text
+    text: str = ""  # the finished links' text, as the editor would show it at `prefix`
+    ends: list[int] = field(default_factory=list)  # where each finished link ends in `text`
+    more: bool = False  # the last finished link was cut short (CUT_SHORT): the model had more to say
+    _grown: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def running(self) -> bool:
@@ -164,11 +180,38 @@ class Prediction:
         return typed_since(self.prefix, self.suffix, prefix, suffix)
 
     def agrees(self, typed: str) -> bool:
-        """The typing agrees with what is generated so far. A running job is given the benefit of the
-        doubt for what it has not generated yet: it stops itself at its first token that disagrees
-        (Job.expect). Not a job whose text comes only at its end (a remote engine's)."""
-        so_far = self.job.text_so_far if self.text is None else self.text
+        """The typing agrees with what is generated so far. A running link is given the benefit of
+        the doubt for what it has not generated yet: it stops itself at its first token that
+        disagrees (Job.expect). Not a job whose text comes only at its end (a remote engine's)."""
+        so_far = self.text + (self.job.text_so_far if self.running else "")
         return agrees(so_far, typed) and (bool(so_far) or self.job.tells_text)
+
+    def rest(self, typed: str) -> str | None:
+        """The rest of the finished link the user is in after typing `typed`; None past them."""
+        for end in self.ends:
+            if len(typed) < end:
+                return self.text[len(typed):end] if self.text.startswith(typed) else None
+        return None
+
+    def wants_link(self, typed: str) -> bool:
+        """Another link is worth computing: the model had more to say, and the user has come within
+        LINKS_AHEAD links of the end."""
+        return self.more and sum(end > len(typed) for end in self.ends) < LINKS_AHEAD
+
+    def add_link(self, text: str, more: bool) -> None:
+        self.text += text
+        self.ends.append(len(self.text))
+        self.more = more
+        self.grew()
+
+    def grew(self) -> None:
+        """Wake whoever waits for the next link (or for the end)."""
+        self._grown.set()
+        self._grown = asyncio.Event()
+
+    async def next_link(self) -> None:
+        """Until a link is added or the chain stops (a cancelled waiter leaves it running)."""
+        await self._grown.wait()
 
 
 class Completions:
@@ -327,16 +370,25 @@ class Completions:
 
     def predict(self, doc: OpenDocument, version: int, request: CompletionRequest,
                 ended: Callable[[Prediction], None]) -> Prediction | None:
-        """Start idle work's suggestion for `request` (from idle_request); `ended` is called when it
-        is over, finished or stopped."""
+        """Start idle work's suggestion for `request` (from idle_request); `ended` is called each time
+        its task is over (finished, stopped, or waiting for the user to come within LINKS_AHEAD links
+        of its end: extend_prediction)."""
         job = self._submit(request, version, idle=True)
         if job is None:
             return None
-        prediction = Prediction(doc, version, request.prefix, request.suffix, job)
-        prediction.task = asyncio.ensure_future(self._predicted(prediction))
-        prediction.task.add_done_callback(lambda _: ended(prediction))
-        self.prediction = prediction
+        self.prediction = prediction = Prediction(doc, version, request.prefix, request.suffix, job, ended)
+        self._follow_links(prediction)
         return prediction
+
+    def extend_prediction(self, doc: OpenDocument, offset: int) -> bool:
+        """Idle work with the cursor at `offset` along idle work's stopped prediction: its next link,
+        if the user has come within LINKS_AHEAD links of its end. Whether one was started."""
+        p = self.prediction
+        typed = self._typed_along_prediction(doc, doc.text[:offset], doc.text[offset:])
+        if typed is None or p.running or not p.wants_link(typed) or not self._next_link(p, typed):
+            return False
+        self._follow_links(p)
+        return True
 
     def prediction_covers(self, doc: OpenDocument, offset: int) -> bool:
         """The user typed along idle work's latest suggestion since it started, and it has more to
@@ -345,23 +397,24 @@ class Completions:
         return self._typed_along_prediction(doc, doc.text[:offset], doc.text[offset:]) is not None
 
     def follow_typing(self, doc: OpenDocument, offset: int) -> Job | None:
-        """After an edit: the job of idle work's running suggestion if it covers the new cursor, told
-        what the user typed (it stops itself at a token that differs: Job.expect); else None."""
+        """After an edit: the job of idle work's running link if the prediction covers the new cursor,
+        told what the user typed into it (it stops itself at a token that differs: Job.expect); else
+        None."""
         typed = self._typed_along_prediction(doc, doc.text[:offset], doc.text[offset:])
         if typed is None or not self.prediction.running:
             return None
-        self.prediction.job.expect(typed)
+        self.prediction.job.expect(typed[len(self.prediction.text):])  # the running link starts there
         return self.prediction.job
 
     def _typed_along_prediction(self, doc: OpenDocument, prefix: str, suffix: str) -> str | None:
         """What the user typed since idle work's latest suggestion started, if that covers the cursor
         at prefix|suffix; else None."""
         p = self.prediction
-        if p is None or p.doc is not doc or (p.text is None and not p.running):
+        if p is None or p.doc is not doc or (not p.ends and not p.running):
             return None
         typed = p.typed(prefix, suffix)
-        if not typed or not p.agrees(typed):
-            return None
+        if typed is None or not p.agrees(typed) or not (typed or p.ends):
+            return None  # (at its start while its first link runs: a request there joins that job)
         return typed if p.running or len(typed) < len(p.text) else None
 
     def _stop_unless_edited(self, cursor: _Cursor, job) -> None:
@@ -372,35 +425,81 @@ class Completions:
         if self.prediction is not None and self.prediction.running:
             self.prediction.job.cancel()
 
-    async def _predicted(self, p: Prediction) -> None:
+    def _follow_links(self, p: Prediction) -> None:
+        p.task = asyncio.ensure_future(self._links(p))
+        p.task.add_done_callback(lambda _: p.ended(p))
+
+    async def _links(self, p: Prediction) -> None:
+        """The prediction's task: add each link's text when it is done, and start the next one while
+        the user is within LINKS_AHEAD links of the end."""
+        try:
+            while await self._add_link(p):
+                typed = self._typed_now(p)
+                if typed is None or not p.wants_link(typed) or not self._next_link(p, typed):
+                    return
+        finally:
+            p.grew()
+
+    async def _add_link(self, p: Prediction) -> bool:
+        """Await the running link and add its text as the editor would show it at the link's start."""
         try:
             result = await p.job
         except Exception:
             log.debug("idle work failed for %s", p.doc.uri, exc_info=True)
-            return
+            return False
         if result.stats.stopped == "cancelled":
-            return
-        line_before, line_after = cursor_line(p.prefix, p.suffix)
+            return False
+        line_before, line_after = cursor_line(p.prefix + p.text, p.suffix)
         edit = shape(result.text, line_before, line_after, self._indent(p.doc))
-        if edit is not None and edit.text:
-            p.text = edit.text
+        if edit is None or not edit.text:
+            return False
+        # Only a link that leaves the rest of the line as it is can be taken as typed for the next.
+        p.add_link(edit.text, more=result.stats.stopped in CUT_SHORT and edit.replace == 0)
+        return True
+
+    def _next_link(self, p: Prediction, typed: str) -> bool:
+        """Submit the prediction's next link: the request at its end, as if the user had typed it."""
+        doc = p.doc
+        if self._moved_on(doc, doc.version) or not self.settings().idle_work:
+            return False
+        job = self._submit(self.request_at(doc, p.prefix + p.text, p.suffix, self.settings()), doc.version,
+                           idle=True)
+        if job is None:
+            return False
+        job.expect(typed[len(p.text):])  # typed past the finished links already
+        p.job = job
+        return True
+
+    def _typed_now(self, p: Prediction) -> str | None:
+        """What the user has typed along the prediction so far (None: they left it, or it is gone)."""
+        doc = p.doc
+        if self.prediction is not p or self.documents.get(doc.uri) is not doc:
+            return None
+        if doc.version == p.version:
+            return ""
+        if doc.edit_end is None:
+            return None
+        typed = p.typed(doc.text[:doc.edit_end], doc.text[doc.edit_end:])
+        return typed if typed is not None and agrees(p.text, typed) else None
 
     async def _from_prediction(self, cursor: _Cursor) -> str | _Superseded | None:
-        """The rest of idle work's suggestion if the user typed along it since it started (waiting for
-        it to finish), else None."""
-        # (None too when nothing was typed since it started: the request is its own and joins it.)
+        """The rest of the link of idle work's suggestion that the user typed into since it started
+        (waiting for that link to finish), else None."""
         typed = self._typed_along_prediction(cursor.doc, cursor.prefix, cursor.suffix)
         if typed is None:
             return None
         p, waited = self.prediction, time.perf_counter()
-        await asyncio.shield(p.task)  # a cancelled request leaves the prediction running
+        while p.running and len(typed) >= len(p.text):
+            await p.next_link()  # a cancelled request leaves the prediction running
         if self._moved_on(cursor.doc, cursor.version):
             return SUPERSEDED
-        if p.text is None or not p.text.startswith(typed) or len(typed) >= len(p.text):
+        rest = p.rest(typed)
+        if not rest:
             return None
-        log.info("request: answered from idle work's suggestion (%d characters typed along it; waited %.0f ms)",
-                 len(typed), (time.perf_counter() - waited) * 1000)
-        return p.text[len(typed):]
+        log.info("request: answered from idle work's suggestion (%d characters typed along it, link %d of %d; "
+                 "waited %.0f ms)", len(typed), next(i for i, end in enumerate(p.ends, 1) if len(typed) < end),
+                 len(p.ends), (time.perf_counter() - waited) * 1000)
+        return rest
 
     def _submit(self, request: CompletionRequest, version: int, idle: bool = False):
         try:

@@ -11,7 +11,9 @@ The user often goes on typing what that suggestion says (the end of a word, the 
 of a line). Then it is not stopped: it runs on, and the request at the next pause is answered from
 its rest (Completions.follow_typing, Completions.suggest), with a head start of every keystroke
 typed along it. It stops itself at the first token that differs from the typing (Job.expect), and
-idle work starts again where the cursor is.
+idle work starts again where the cursor is. Where the time cap ended it at a line end, the line
+after is computed next, as if the user had typed it (`Prediction`): after an Enter along the
+prediction, the next line is on screen as soon as the editor asks.
 
 It is idle work: any other request the user waits for cancels it within one forward, an edit that
 leaves it cancels it, it stays inside the cache budget (the KV store evicts as for any request), and
@@ -65,6 +67,8 @@ class IdleWork:
         if doc.version != version or doc.edit_end is None or not self.host.ready:
             return  # edited again (a newer timer runs), or no engine yet
         try:
+            if self.completions.extend_prediction(doc, doc.edit_end):
+                return  # the user typed along the prediction to within a line of its end
             request, generate = self.completions.idle_request(doc, doc.edit_end)
             if generate:
                 self.completions.predict(doc, version, request, self._prediction_ended)
@@ -75,7 +79,8 @@ class IdleWork:
 
     def _prediction_ended(self, prediction) -> None:
         """The user typed on along a prediction while it ran: now idle work moves to where they are
-        (a prompt read ahead where the prediction still covers the cursor, else a new prediction)."""
+        (its next link, or a prompt read ahead, where the prediction still covers the cursor; else a
+        new prediction)."""
         doc = prediction.doc
         if prediction.job.cancel_token.cancelled and not prediction.job.diverged:
             return  # stopped by an edit (which started idle work of its own) or by a request

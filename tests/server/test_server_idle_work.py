@@ -61,21 +61,23 @@ async def test_no_generation_inside_a_word_unless_invoked(client, workspace):
     assert invoked is not None
 
 
-async def test_typing_starts_the_suggestion_and_the_editors_request_joins_it(client, workspace):
+async def test_typing_starts_the_suggestion_and_the_editors_request_is_answered_from_it(client, workspace):
     uri = (workspace / "typed.py").as_uri()
     open_document(client, uri, TEXT)
     # Settled: the suggestion the test before showed is prefetched in the background, and that
     # prefetch ending after `before` would pass the wait below before this edit's job even started.
     before = await settled(client)
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
-    # The suggestion at the end of the edit was computed in the quiet period, before the editor asked.
+    # The suggestion at the end of the edit was computed in the quiet period, before the editor asked
+    # (and, cut by maxTokens, the link after it too).
     await until(client, lambda s: s["idle"]["prefetches"] > before["idle"]["prefetches"])
+    ready = await settled(client)
+    assert ready["idle"]["prefetches"] == before["idle"]["prefetches"] + 2
     result = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 1))
     assert result is not None and result.items
     after = await stats(client)
-    assert after["idle"]["joined"] == before["idle"]["joined"] + 1, "the request took the idle job's answer"
-    assert after["requests"] == before["requests"] + 1
-    assert after["last"]["prompt_tokens"] > 0 and after["last"]["generated_tokens"] > 0
+    assert after["suggestions"]["predicted"] == before["suggestions"]["predicted"] + 1, "idle work's answer"
+    assert after["requests"] == before["requests"], "the engine was not asked again"
 
 
 async def test_an_edit_inside_a_word_reads_the_prompt_ahead_and_the_request_reuses_it(client, workspace):
@@ -203,11 +205,13 @@ async def test_typing_something_else_stops_idle_work_and_starts_it_at_the_new_cu
     # Stopped within a forward, and the new cursor's suggestion runs to its end.
     now = await until(client, lambda s: s["idle"]["prefetches"] == before["idle"]["prefetches"] + 2)
     assert now["idle"]["cancelled"] == before["idle"]["cancelled"] + 1
+    await settled(client)  # (cut by maxTokens, the new suggestion goes on with its next link)
     result = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 2))
-    assert result is not None
+    assert result is not None and result.items[0].insert_text
     after = await stats(client)
-    assert after["suggestions"]["predicted"] == before["suggestions"]["predicted"]
-    assert after["idle"]["joined"] == before["idle"]["joined"] + 1, "the request took the new suggestion"
+    assert after["suggestions"]["predicted"] == before["suggestions"]["predicted"] + 1, "the new suggestion"
+    assert after["idle"]["joined"] == before["idle"]["joined"]
+    assert after["requests"] == before["requests"]
 
 
 async def test_a_cancelled_request_that_joined_idle_work_stops_it_when_no_edit_follows(slow_client, workspace):
@@ -225,3 +229,38 @@ async def test_a_cancelled_request_that_joined_idle_work_stops_it_when_no_edit_f
     assert now["idle"]["joined"] == before["idle"]["joined"] + 1
     assert now["last"]["stopped"] == "cancelled" and now["last"]["generated_tokens"] < 8
     assert now["last"]["forwards_after_cancel"] <= 1
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def capped_client(tiny_model_dir, workspace):
+    """Suggestions of 6 tokens: every link of idle work's prediction is cut with more to say, so the
+    prediction goes on a link at a time (scope full: no line ends to wait for)."""
+    async with lsp_session(["--target", str(tiny_model_dir)], workspace=workspace,
+                           initialization_options={"maxTokens": 6, "scope": "full", "maxTimeMs": 0}) as (client, _):
+        await wait_for_state(client)
+        yield client
+
+
+async def test_a_prediction_cut_short_goes_on_with_the_next_link_as_the_user_types_along_it(capped_client, workspace):
+    client, uri = capped_client, (workspace / "links.py").as_uri()
+    open_document(client, uri, TEXT)
+    before = await settled(client)
+    client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
+    # Link 1 at the cursor, then link 2 as if the user had typed link 1; then it waits for the user.
+    await until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 2)
+    ready = await settled(client)
+    assert ready["idle"]["prefetches"] == before["idle"]["prefetches"] + 2
+    # The editor's request at the cursor is answered with link 1, the engine is not asked.
+    first = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 1))
+    link1 = first.items[0].insert_text
+    assert link1 and "\n" not in link1, "the tiny model's first tokens must stay on the line for this test"
+    # The user types link 1. The request at its end is answered with link 2, and idle work computes
+    # link 3, keeping the prediction a link ahead of the cursor.
+    client.text_document_did_change(insert_change(uri, 3, LAST_LINE, LAST_COLUMN + 1, link1))
+    second = await client.text_document_inline_completion_async(
+        inline_params(uri, LAST_LINE, LAST_COLUMN + 1 + len(link1)))
+    assert second is not None and second.items and second.items[0].insert_text
+    now = await until(client, lambda s: s["idle"]["prefetches"] > ready["idle"]["prefetches"])
+    assert now["suggestions"]["predicted"] == ready["suggestions"]["predicted"] + 2
+    assert now["requests"] == ready["requests"], "both answered from the prediction"
+    assert (await settled(client))["idle"]["prefetches"] == ready["idle"]["prefetches"] + 1, "link 3, no more"
