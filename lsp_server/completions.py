@@ -155,9 +155,9 @@ class Prediction:
 
     It is a chain of links. The time cap (maxTimeMs) ends a suggestion at a line end although the
     model had more to say (as maxTokens may); then, in idle time, the next link is computed as if the
-    user had typed the text so far, so the line after their Enter is ready when they get there. Each link is the
-    suggestion the editor would get at its start; a request is answered with the rest of the link
-    the cursor is in."""
+    user had typed the text so far, so the line after their Enter is ready when they get there. Each
+    link is the suggestion the editor would get at its start; a request is answered with the rest of
+    the link the cursor is in."""
 
     doc: OpenDocument
     version: int  # the document version it was started for
