@@ -60,10 +60,10 @@ class DraftPolicy:
             self.stats.drafted_by[draft.source] = self.stats.drafted_by.get(draft.source, 0) + len(draft)
         return draft
 
-    def observe(self, draft: Draft | None, accepted: int, forward_s: float, fed: int | None = None) -> None:
-        """After a verify forward of `fed` tokens (default: the draft and one): keep forward costs and
-        acceptance estimates current."""
-        self.cost.t.observe(fed or (len(draft) + 1 if draft else 1), forward_s)
+    def observe(self, draft: Draft | None, accepted: int, forward_s: float, fed: int) -> None:
+        """After a verify forward of `fed` tokens (the draft, the last token, on a request's first
+        forward maybe more of the prompt): keep forward costs and acceptance estimates current."""
+        self.cost.t.observe(fed, forward_s)
         if not draft or not draft.tokens:
             return
         self.cost.acceptance.record(draft.key, len(draft), accepted)

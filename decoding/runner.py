@@ -17,11 +17,6 @@ from decoding.models.loading import LoadedModel
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds the wait for a cancel during long prefills;
 # each chunk re-reads all weights, so smaller chunks make every cold prompt slower on a CPU
-# Prompt tokens the first forward of a request on llama.cpp reads with the last one, instead of a
-# prefill forward of their own. A keystroke changes the last few prompt tokens; on a 2-core CPU
-# llama.cpp reads 2 tokens in about the time of 2 single ones but 4 in no more, so this saves about
-# one decode step before the first token (LlamaCppRunner.prompt_tail).
-FIRST_FORWARD_TAIL = 16
 
 
 def kv_bytes_per_token(model) -> int:

@@ -102,7 +102,7 @@ def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy,
         stats.target_forwards += 1
         new = sampler.verify(logits, draft)  # accepted draft tokens + one token of the target's own
         target.crop_to(len(seq) + len(new) - 1)  # rejected draft tokens leave the cache
-        policy.observe(draft, len(new) - 1, time.perf_counter() - t_forward, fed=len(fed))
+        policy.observe(draft, len(new) - 1, time.perf_counter() - t_forward, len(fed))
         seq.extend(new)
         if stats.target_forwards == 1:
             stats.first_token_ms = stats.prefill_ms + (time.perf_counter() - started) * 1000

@@ -142,6 +142,7 @@ def cursor_line(prefix: str, suffix: str) -> tuple[str, str]:
 
 
 CUT_SHORT = ("time_limit", "max_tokens")  # stop reasons of a suggestion the model had more to say after
+
 # A prediction grows a line at a time while the user types along it: it keeps this many finished
 # links from the one the cursor is in to its end (the line being typed and the one after the Enter).
 LINKS_AHEAD = 2
@@ -164,7 +165,7 @@ class Prediction:
     prefix: str
     suffix: str
     job: Job  # the running link's job, or the last link's
-    ended: Callable[["Prediction"], None] = lambda p: None  # told when its task is over
+    ended: Callable[["Prediction"], None]  # told each time its task is over
     task: asyncio.Task | None = None  # awaits the links and adds their text
     text: str = ""  # the finished links' text, as the editor would show it at `prefix`
     ends: list[int] = field(default_factory=list)  # where each finished link ends in `text`

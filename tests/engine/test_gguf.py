@@ -1,7 +1,7 @@
 """The gguf weight format: the real 0.5B's GGUF file on llama.cpp under the engine's verify loop.
 
 Lossless here means equal to plain greedy decoding of the same GGUF on llama.cpp, which this file
-runs itself: the prompt read once (its last FIRST_FORWARD_TAIL tokens in the call that gives the
+runs itself: the prompt read once (its last `prompt_tail` tokens in the call that gives the
 first token, as the engine reads a prompt), then one token per llama_decode call. Needs the `llamacpp`
 extra (skips without it: it is a ~12-minute build) and the pulled 0.5B.
 """
@@ -15,7 +15,7 @@ import torch
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
-from decoding.runner import FIRST_FORWARD_TAIL, PREFILL_CHUNK
+from decoding.runner import PREFILL_CHUNK
 from tests.engine.healed import HealedPrompt
 
 pytest.importorskip("llama_cpp", reason="the gguf format needs the llamacpp extra: pip install -e '.[llamacpp]'")
@@ -56,7 +56,9 @@ def plain_greedy(model, engine: Engine, request: CompletionRequest, max_tokens: 
     prompt = HealedPrompt(engine, request)
     ids = prompt.ids
     model.lib.llama_memory_clear(model.memory, True)
-    tail = min(FIRST_FORWARD_TAIL, len(ids))
+    from decoding.llamacpp_runner import LlamaCppRunner
+
+    tail = min(LlamaCppRunner.prompt_tail, len(ids))
     for start in range(0, len(ids) - tail, PREFILL_CHUNK):
         model.decode(ids[start:min(start + PREFILL_CHUNK, len(ids) - tail)], start, keep=1)
     out, last = [], ids[-tail:]
