@@ -169,6 +169,7 @@ class Prediction:
     task: asyncio.Task | None = None  # awaits the links and adds their text
     text: str = ""  # the finished links' text, as the editor would show it at `prefix`
     ends: list[int] = field(default_factory=list)  # where each finished link ends in `text`
+    stats: list[dict] = field(default_factory=list)  # each finished link's engine stats (the statusline's timing)
     more: bool = False  # the last finished link was cut short (CUT_SHORT): the model had more to say
     _grown: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -187,21 +188,26 @@ class Prediction:
         so_far = self.text + (self.job.text_so_far if self.running else "")
         return agrees(so_far, typed) and (bool(so_far) or self.job.tells_text)
 
+    def link_at(self, typed: str) -> int | None:
+        """Which finished link the user is in after typing `typed` (0-based); None past them."""
+        return next((k for k, end in enumerate(self.ends) if len(typed) < end), None)
+
     def rest(self, typed: str) -> str | None:
         """The rest of the finished link the user is in after typing `typed`; None past them."""
-        for end in self.ends:
-            if len(typed) < end:
-                return self.text[len(typed):end] if self.text.startswith(typed) else None
-        return None
+        k = self.link_at(typed)
+        if k is None or not self.text.startswith(typed):
+            return None
+        return self.text[len(typed):self.ends[k]]
 
     def wants_link(self, typed: str) -> bool:
         """Another link is worth computing: the model had more to say, and the user has come within
         LINKS_AHEAD links of the end."""
         return self.more and sum(end > len(typed) for end in self.ends) < LINKS_AHEAD
 
-    def add_link(self, text: str, more: bool) -> None:
+    def add_link(self, text: str, more: bool, stats: dict) -> None:
         self.text += text
         self.ends.append(len(self.text))
+        self.stats.append(stats)
         self.more = more
         self.grew()
 
@@ -455,7 +461,8 @@ class Completions:
         if edit is None or not edit.text:
             return False
         # Only a link that leaves the rest of the line as it is can be taken as typed for the next.
-        p.add_link(edit.text, more=result.stats.stopped in CUT_SHORT and edit.replace == 0)
+        p.add_link(edit.text, more=result.stats.stopped in CUT_SHORT and edit.replace == 0,
+                   stats=result.stats.to_dict())
         return True
 
     def _next_link(self, p: Prediction, typed: str) -> bool:
@@ -497,9 +504,10 @@ class Completions:
         rest = p.rest(typed)
         if not rest:
             return None
+        link = p.link_at(typed)
+        self.last_stats = p.stats[link]  # the engine's numbers for the text on screen
         log.info("request: answered from idle work's suggestion (%d characters typed along it, link %d of %d; "
-                 "waited %.0f ms)", len(typed), next(i for i, end in enumerate(p.ends, 1) if len(typed) < end),
-                 len(p.ends), (time.perf_counter() - waited) * 1000)
+                 "waited %.0f ms)", len(typed), link + 1, len(p.ends), (time.perf_counter() - waited) * 1000)
         return rest
 
     def _submit(self, request: CompletionRequest, version: int, idle: bool = False):

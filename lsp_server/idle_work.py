@@ -2,7 +2,7 @@
 
 After an edit and a short quiet period, the engine starts on the request the editor will send when
 the user stops there — at the end of the edit, where typing leaves the cursor. When the editor asks
-(after its own debounce: 50 ms in VS Code, 150 ms in the Neovim plugin), its request is the same
+(after its own debounce: 50 ms in VS Code, 75 ms in the Neovim plugin), its request is the same
 one, so it joins the running job (Engine.submit) instead of starting over: the debounce no longer
 adds to the wait. Where the editor will not ask, or will be answered from a shown suggestion
 (mid-word, typing along a suggestion), only the prompt is read ahead into the KV caches.

@@ -157,16 +157,18 @@ class DraftwiseServer(LanguageServer):
 
 
 def last_timing(last: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What the editors show about the last suggestion an editor waited for (not type-ahead answers,
-    nor runs that were cancelled): how long the engine took from request to text, and its decoding
-    speed (generated tokens per second of decoding, prompt reading excluded; None without tokens)."""
+    """What the editors show about the last suggestion an editor waited for (the engine's request,
+    or the idle work link it was answered from; not type-ahead answers, nor runs that were
+    cancelled): how long the engine took from request to text, its decoding speed (generated tokens
+    per second of decoding, prompt reading excluded; None without tokens) and the share of its
+    drafted tokens accepted."""
     if not last:
         return None
     prefill, decode = last.get("prefill_ms") or 0.0, last.get("decode_ms") or 0.0
     tokens = last.get("generated_tokens") or 0
     speed = round(tokens * 1000.0 / decode, 1) if decode > 0 and tokens > 0 else None
     return {"latencyMs": round(prefill + decode, 1), "firstTokenMs": last.get("first_token_ms"),
-            "tokens": tokens, "tokensPerSecond": speed}
+            "tokens": tokens, "tokensPerSecond": speed, "acceptanceRate": last.get("acceptance_rate")}
 
 
 def create_server(config: EngineConfig) -> DraftwiseServer:

@@ -6,8 +6,8 @@ What the editor does, per client (`ClientProfile`):
 - every keystroke is a `didChange`; it cancels the request in flight (`$/cancelRequest`) and restarts
   the debounce timer; when the timer fires, the editor asks for an inline completion at the cursor;
 - an answer for the document as it still is puts the suggestion on screen;
-- VS Code keeps a suggestion on screen while the user types along it; the Neovim plugin clears it on
-  every change and asks again (the server answers such requests at once from the suggestion).
+- both keep a suggestion on screen while the user types along it, and ask again after the debounce
+  (the server answers such requests at once from the suggestion); any other change clears it.
 
 The user (see `keystrokes`) takes a suggestion with Tab when all of it is what they were about to
 type and it has been on screen long enough to be read; Tab inserts it, and the editor runs the
@@ -33,8 +33,9 @@ class ClientProfile:
 # VS Code's own inline-completion debounce (`InlineCompletionsDebounce`, min = max = 50 ms, in
 # vscode's inlineCompletionsModel); the draftwise extension adds none of its own.
 VSCODE = ClientProfile("vscode", 0.050, True)
-# editor-clients/neovim/lua/draftwise/init.lua: `debounce_ms = 150`; ghost.lua clears on each change.
-NEOVIM = ClientProfile("neovim", 0.150, False)
+# editor-clients/neovim/lua/draftwise/init.lua: `debounce_ms = 75`; ghost.lua keeps a suggestion typed
+# along (carry).
+NEOVIM = ClientProfile("neovim", 0.075, True)
 CLIENTS = {c.name: c for c in (VSCODE, NEOVIM)}
 
 

@@ -51,6 +51,8 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     });
     assert.equal(state.native, false, 'Neovim 0.11 uses the plugin\'s own inline client');
     assert.equal(state.client.offset_encoding, 'utf-8', 'Neovim 0.11 negotiates utf-8');
+    // Each keystroke reaches the server at once, so idle work can start before the plugin asks.
+    assert.equal(state.client.debounce_text_changes, 0);
     assert.equal(state.status, 'draftwise: ready');
   });
 
@@ -89,6 +91,50 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     const [, ms, speed] = state.status.match(TIMING_STATUS);
     assert.equal(Number(ms), Math.round(state.stats.timing.latencyMs));
     assert.equal(Number(speed), Number(state.stats.timing.tokensPerSecond.toFixed(1)));
+  });
+
+  test('typing along a suggestion keeps it on screen (its rest, the same extmark); a character that differs removes it', { timeout: 30_000 }, async () => {
+    // A hand-made item (the tiny model's text is arbitrary bytes) shown as a reply would show it;
+    // a long debounce leaves time to look before the next request goes out.
+    const show = (text) => nvim.lua(`local r, c = unpack(vim.api.nvim_win_get_cursor(0)); require('draftwise.ghost').show_items(0,
+      require('draftwise').client(), { { insertText = ${JSON.stringify(text)} } }, r - 1, c, vim.api.nvim_buf_get_changedtick(0))`.replace(/\n\s*/g, ' '));
+    nvim.lua('require("draftwise").config.debounce_ms = 3000');
+    try {
+      nvim.send('<Esc>Gow = ');
+      // The line as typed, after any indent Neovim put there.
+      const line = await waitFor('the new line', () => {
+        const last = nvim.probe('lines').at(-1);
+        return last.endsWith('w = ') && !nvim.probe('pending') ? last : null;
+      }, { timeoutMs: 5000 });
+      show('fib(n - 1)');
+      const first = await waitFor('the suggestion', () => nvim.probe('suggestion'), { timeoutMs: 5000 });
+      assert.equal(first.ghost, 'fib(n - 1)');
+      const [[mark]] = nvim.probe('extmarks');
+
+      nvim.send('fib(');
+      const kept = await waitFor('the typed characters', () => (nvim.probe('lines').at(-1) === `${line}fib(` ? nvim.probe('suggestion') : null), { timeoutMs: 5000 });
+      assert.equal(kept.ghost, 'n - 1)');
+      assert.deepEqual([kept.row, kept.col, kept.insert], [first.row, first.col + 4, 'fib(n - 1)']);
+      const marks = nvim.probe('extmarks');
+      assert.equal(marks.length, 1);
+      assert.deepEqual(marks[0].slice(0, 3), [mark, kept.row, kept.col], 'the same extmark, moved to the cursor');
+      assert.equal(marks[0][3].virt_text[0][0], 'n - 1)');
+      assert.equal(nvim.probe('pending'), false, 'kept without a reply (the next request waits for the debounce)');
+
+      nvim.send('<Tab>');
+      await waitFor('the accepted rest', () => nvim.probe('lines').at(-1) === `${line}fib(n - 1)` ? true : null, { timeoutMs: 5000 })
+        .catch(() => assert.equal(nvim.probe('lines').at(-1), `${line}fib(n - 1)`));
+
+      nvim.send(' + ');
+      await waitFor('the typed characters', () => nvim.probe('lines').at(-1) === `${line}fib(n - 1) + ` ? true : null, { timeoutMs: 5000 });
+      show('fib(n - 2)');
+      await waitFor('the next suggestion', () => nvim.probe('suggestion'), { timeoutMs: 5000 });
+      nvim.send('n');
+      await waitFor('a character that differs to remove it', () => (nvim.probe('extmarks').length === 0 ? true : null), { timeoutMs: 5000 });
+      assert.equal(nvim.probe('suggestion'), null);
+    } finally {
+      nvim.lua('require("draftwise").config.debounce_ms = 100');
+    }
   });
 
   test('with nothing shown, Tab falls through to a normal Tab', async () => {

@@ -62,7 +62,9 @@ def test_the_user_takes_suggestions_that_are_what_they_type_next():
     assert result.typed_chars + result.accepted_chars == len(REGION)
     assert all(item.command == {"command": "draftwise.accepted"} for item in backend.accepted_items)
     seen = [x for x in result.pause_latencies_s if x is not None]
-    assert seen and all(x >= NEOVIM.debounce_s for x in seen)  # nothing shows before the debounce fires
+    # Nothing new shows before the debounce fires; 0: a suggestion typed along was still on screen.
+    assert seen and all(x == 0.0 or x >= NEOVIM.debounce_s for x in seen)
+    assert any(x >= NEOVIM.debounce_s for x in seen)
     figures = summarize([result], compute_s=1.0)
     assert 0 < figures["chars_saved_share"] <= 1 and 0 < figures["accepted_share"] <= 1
     assert figures["compute_s_per_char"] == round(1.0 / len(REGION), 4)

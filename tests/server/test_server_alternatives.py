@@ -105,4 +105,5 @@ async def test_stats_carry_the_last_suggestions_latency_and_speed(client, worksp
     timing, last = s["timing"], s["last"]  # the engine's last run is this suggestion's
     assert timing["latencyMs"] == pytest.approx(last["prefill_ms"] + last["decode_ms"], abs=0.2)
     assert timing["tokens"] == last["generated_tokens"] >= 1
+    assert timing["acceptanceRate"] == last["acceptance_rate"]
     assert timing["tokensPerSecond"] == pytest.approx(last["generated_tokens"] * 1000 / last["decode_ms"], rel=0.01)

@@ -78,6 +78,9 @@ async def test_typing_starts_the_suggestion_and_the_editors_request_is_answered_
     after = await stats(client)
     assert after["suggestions"]["predicted"] == before["suggestions"]["predicted"] + 1, "idle work's answer"
     assert after["requests"] == before["requests"], "the engine was not asked again"
+    # The statusline's timing is that of the idle job behind the text on screen (before: the
+    # previous test's invoked request).
+    assert after["timing"] != before["timing"] and after["timing"]["tokens"] >= 1 and after["timing"]["latencyMs"] > 0
 
 
 async def test_an_edit_inside_a_word_reads_the_prompt_ahead_and_the_request_reuses_it(client, workspace):

@@ -49,7 +49,8 @@ local probes = {
       status = d.status(),
       stats = d.state.stats,
       error = d.state.error,
-      client = client and { id = client.id, offset_encoding = client.offset_encoding } or nil,
+      client = client and { id = client.id, offset_encoding = client.offset_encoding,
+        debounce_text_changes = client.flags and client.flags.debounce_text_changes } or nil,
       native = d._use_native(),
     }
   end,

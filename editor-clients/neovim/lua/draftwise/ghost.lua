@@ -1,8 +1,8 @@
 -- The plugin's own inline suggestions (every Neovim version; 0.12's vim.lsp.inline_completion is
 -- used only when asked for, see native.lua): requests textDocument/inlineCompletion after a pause in
--- typing, draws the suggestion as ghost text with extmarks, drops replies that no longer match the
--- buffer, cycles the items of an invoked request, and accepts all of it, a word, or a line (partial
--- accepts are reported to the server).
+-- typing, draws the suggestion as ghost text with extmarks, keeps it on screen while the user types
+-- along it, drops replies that no longer match the buffer, cycles the items of an invoked request,
+-- and accepts all of it, a word, or a line (partial accepts are reported to the server).
 local compat = require('draftwise.compat')
 
 local M = {}
@@ -20,6 +20,7 @@ local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2
 ---@field start_col integer
 ---@field end_col integer
 ---@field ghost string     the part not yet typed (what is drawn)
+---@field line string      the cursor's line when drawn
 ---@field command table?   the item's command, run after accepting
 ---@field extmark integer
 ---@field items table[]    every item of the reply (an invoked request may bring several)
@@ -76,17 +77,22 @@ local function cancel_pending(state)
   end
 end
 
+--- Stops the debounce timer and any request in flight (a reply that comes anyway is dropped).
+local function stop(state)
+  state.seq = state.seq + 1
+  if state.timer then
+    state.timer:stop()
+  end
+  cancel_pending(state)
+end
+
 --- Removes the suggestion and cancels any request in flight.
 function M.clear(bufnr)
   local state = buffers[bufnr]
   if not state then
     return
   end
-  state.seq = state.seq + 1
-  if state.timer then
-    state.timer:stop()
-  end
-  cancel_pending(state)
+  stop(state)
   clear_extmark(state)
 end
 
@@ -100,22 +106,11 @@ local function cursor()
   return pos[1] - 1, pos[2]
 end
 
+--- The suggestion `insert`, which replaces bytes [start_col, end_col) of line `row`, seen from the
+--- cursor at `col`: nil when what is typed there no longer begins it, or nothing of it is left.
 ---@return draftwise.Suggestion?
-local function make_suggestion(bufnr, client, item, row, col, tick)
-  local insert = item_text(item)
+local function fit(bufnr, row, col, tick, insert, start_col, end_col)
   local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
-  local start_col, end_col = col, col
-  if type(item.range) == 'table' then
-    local r = item.range
-    if r.start.line ~= row or r['end'].line ~= row then
-      return nil -- the protocol allows only single-line ranges on the cursor's line
-    end
-    start_col = compat.byte_col(line, r.start.character, client.offset_encoding)
-    end_col = compat.byte_col(line, r['end'].character, client.offset_encoding)
-    if start_col > col or end_col < col then
-      return nil
-    end
-  end
   local typed = line:sub(start_col + 1, col)
   if insert:sub(1, #typed) ~= typed then
     return nil -- the suggestion no longer continues what is typed
@@ -138,18 +133,39 @@ local function make_suggestion(bufnr, client, item, row, col, tick)
   end
   return {
     bufnr = bufnr,
-    client_id = client.id,
     row = row,
     col = col,
     tick = tick,
+    line = line,
     insert = insert,
     start_col = start_col,
     end_col = end_col,
     ghost = ghost,
     typed = typed,
     cover = cover,
-    command = item.command,
   }
+end
+
+---@return draftwise.Suggestion?
+local function make_suggestion(bufnr, client, item, row, col, tick)
+  local start_col, end_col = col, col
+  if type(item.range) == 'table' then
+    local r = item.range
+    if r.start.line ~= row or r['end'].line ~= row then
+      return nil -- the protocol allows only single-line ranges on the cursor's line
+    end
+    local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+    start_col = compat.byte_col(line, r.start.character, client.offset_encoding)
+    end_col = compat.byte_col(line, r['end'].character, client.offset_encoding)
+    if start_col > col or end_col < col then
+      return nil
+    end
+  end
+  local s = fit(bufnr, row, col, tick, item_text(item), start_col, end_col)
+  if s then
+    s.client_id, s.command = client.id, item.command
+  end
+  return s
 end
 
 --- Extra chunks after the suggestion: "(n/m)" when there are alternatives, the timing if asked for.
@@ -212,6 +228,54 @@ function M.redraw(bufnr)
   end
 end
 
+--- Typing along the shown suggestion keeps it on screen, as VS Code does: when the only change
+--- since it was drawn is its next characters, typed at the cursor on its line, it is drawn again
+--- after them (its rest, with the same item to accept). Alternatives are dropped.
+---@return boolean kept
+local function carry(bufnr, s)
+  local row, col = cursor()
+  local n = col - s.col
+  if row ~= s.row or n <= 0 then
+    return false
+  end
+  local next_chars = s.ghost:sub(1, n)
+  if #next_chars ~= n or next_chars:find('\n', 1, true) then
+    return false
+  end
+  local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+  if line ~= s.line:sub(1, s.col) .. next_chars .. s.line:sub(s.col + 1) then
+    return false -- something else changed too (an auto-closed bracket, another edit)
+  end
+  local kept = fit(bufnr, row, col, vim.api.nvim_buf_get_changedtick(bufnr), s.insert, s.start_col, s.end_col + n)
+  if not kept or kept.ghost == '' then
+    return false -- typed to its end: nothing left to show
+  end
+  kept.client_id, kept.command, kept.extmark = s.client_id, s.command, s.extmark
+  draw(kept)
+  buffers[bufnr].suggestion = kept
+  return true
+end
+
+--- The suggestion shown in bufnr (the current buffer) if it still stands at the cursor, carried
+--- along what was typed since; otherwise it is removed and nil returned.
+---@return draftwise.Suggestion?
+local function shown(bufnr)
+  local state = buffers[bufnr]
+  local s = state and state.suggestion
+  if not s then
+    return nil
+  end
+  local row, col = cursor()
+  if s.tick == vim.api.nvim_buf_get_changedtick(bufnr) and row == s.row and col == s.col then
+    return s
+  end
+  if vim.api.nvim_buf_is_valid(bufnr) and carry(bufnr, s) then
+    return state.suggestion
+  end
+  M.clear(bufnr)
+  return nil
+end
+
 local function reply_items(result)
   if type(result) ~= 'table' then
     return {}
@@ -251,6 +315,21 @@ function M.show_items(bufnr, client, items, row, col, tick)
   return true
 end
 
+--- Before asking again: stops the request in flight; a suggestion that still stands at the cursor
+--- (typed along) stays on screen until a reply replaces it, else it goes. False: the buffer is off.
+local function keep_or_clear(bufnr, state)
+  if not draftwise().is_enabled(bufnr) then
+    M.clear(bufnr)
+    return false
+  end
+  if shown(bufnr) then
+    stop(state)
+  else
+    M.clear(bufnr)
+  end
+  return true
+end
+
 --- Asks the server for a suggestion at the cursor now.
 ---@param kind integer? 1 = invoked, 2 = automatic
 function M.trigger(bufnr, kind)
@@ -260,8 +339,7 @@ function M.trigger(bufnr, kind)
   if not state or not client or vim.api.nvim_get_current_buf() ~= bufnr then
     return
   end
-  M.clear(bufnr)
-  if not draftwise().is_enabled(bufnr) then
+  if not keep_or_clear(bufnr, state) then
     return
   end
   local seq = state.seq
@@ -301,8 +379,7 @@ local function schedule(bufnr)
   if not state or not config.auto_trigger then
     return
   end
-  M.clear(bufnr)
-  if not draftwise().is_enabled(bufnr) then
+  if not keep_or_clear(bufnr, state) then
     return
   end
   state.timer = state.timer or compat.uv.new_timer()
@@ -315,18 +392,7 @@ end
 
 ---@return draftwise.Suggestion?
 local function current()
-  local bufnr = vim.api.nvim_get_current_buf()
-  local state = buffers[bufnr]
-  local s = state and state.suggestion
-  if not s then
-    return nil
-  end
-  local row, col = cursor()
-  if s.tick ~= vim.api.nvim_buf_get_changedtick(bufnr) or row ~= s.row or col ~= s.col then
-    M.clear(bufnr)
-    return nil
-  end
-  return s
+  return shown(vim.api.nvim_get_current_buf())
 end
 
 --- Whether a suggestion is shown in the current buffer.
@@ -494,13 +560,9 @@ function M.attach(bufnr, client)
     group = group,
     buffer = bufnr,
     callback = function()
-      -- Moving away from a shown suggestion drops it; the edit that moved the cursor schedules anew.
-      local s = buffers[bufnr].suggestion
-      local row, col = cursor()
-      if s and (s.row ~= row or s.col ~= col) then
-        M.clear(bufnr)
-      end
-      if not buffers[bufnr].suggestion then
+      -- Moving away from a shown suggestion drops it, typing along it keeps it; the edit that moved
+      -- the cursor schedules anew.
+      if not shown(bufnr) then
         schedule(bufnr)
       end
     end,

@@ -43,7 +43,9 @@ local defaults = {
   -- the suggestions, with the plugin's keys on top of it (see native.lua for what that leaves out).
   native = false, ---@type "auto"|boolean
   auto_trigger = true,
-  debounce_ms = 150,
+  -- From the last change to the request (copilot.lua's default). Short: typing along a shown
+  -- suggestion keeps it on screen meanwhile, and the server answers a request it has prepared at once.
+  debounce_ms = 75,
   keymaps = {
     accept = '<Tab>',
     accept_line = '<M-l>',
@@ -389,10 +391,10 @@ function M.status()
   if M.state.generating then
     return 'draftwise: generating…'
   end
-  local last = stats.last
+  -- The numbers of the suggestion last shown (an answer from idle work's suggestion included).
   local timing = M.timing_text()
-  if last and timing then
-    return ('draftwise: %s, %s accepted'):format(timing, percent(last.acceptance_rate))
+  if timing then
+    return ('draftwise: %s, %s accepted'):format(timing, percent(stats.timing.acceptanceRate))
   end
   return 'draftwise: ready'
 end
@@ -526,6 +528,9 @@ function M.attach(bufnr)
     init_options = settings,
     settings = { draftwise = settings },
     capabilities = capabilities(),
+    -- Every change at once (Neovim holds them 150 ms by default, until a request flushes them): the
+    -- server starts on the suggestion 20 ms after a keystroke, before the plugin asks (idle work).
+    flags = { debounce_text_changes = 0 },
     on_init = function(client)
       M.state.client_id = client.id
       M.state.stats = nil
