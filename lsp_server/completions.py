@@ -192,13 +192,6 @@ class Prediction:
         """Which finished link the user is in after typing `typed` (0-based); None past them."""
         return next((k for k, end in enumerate(self.ends) if len(typed) < end), None)
 
-    def rest(self, typed: str) -> str | None:
-        """The rest of the finished link the user is in after typing `typed`; None past them."""
-        k = self.link_at(typed)
-        if k is None or not self.text.startswith(typed):
-            return None
-        return self.text[len(typed):self.ends[k]]
-
     def wants_link(self, typed: str) -> bool:
         """Another link is worth computing: the model had more to say, and the user has come within
         LINKS_AHEAD links of the end."""
@@ -501,10 +494,10 @@ class Completions:
             await p.next_link()  # a cancelled request leaves the prediction running
         if self._moved_on(cursor.doc, cursor.version):
             return SUPERSEDED
-        rest = p.rest(typed)
-        if not rest:
-            return None
         link = p.link_at(typed)
+        if link is None or not p.text.startswith(typed):
+            return None
+        rest = p.text[len(typed):p.ends[link]]  # the rest of the link the cursor is in
         self.last_stats = p.stats[link]  # the engine's numbers for the text on screen
         log.info("request: answered from idle work's suggestion (%d characters typed along it, link %d of %d; "
                  "waited %.0f ms)", len(typed), link + 1, len(p.ends), (time.perf_counter() - waited) * 1000)

@@ -106,11 +106,10 @@ local function cursor()
   return pos[1] - 1, pos[2]
 end
 
---- The suggestion `insert`, which replaces bytes [start_col, end_col) of line `row`, seen from the
---- cursor at `col`: nil when what is typed there no longer begins it, or nothing of it is left.
+--- The suggestion `insert`, which replaces bytes [start_col, end_col) of `line` (line `row`), seen
+--- from the cursor at `col`: nil when what is typed there no longer begins it, or nothing is left.
 ---@return draftwise.Suggestion?
-local function fit(bufnr, row, col, tick, insert, start_col, end_col)
-  local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
+local function fit(bufnr, row, line, col, tick, insert, start_col, end_col)
   local typed = line:sub(start_col + 1, col)
   if insert:sub(1, #typed) ~= typed then
     return nil -- the suggestion no longer continues what is typed
@@ -148,20 +147,20 @@ end
 
 ---@return draftwise.Suggestion?
 local function make_suggestion(bufnr, client, item, row, col, tick)
+  local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
   local start_col, end_col = col, col
   if type(item.range) == 'table' then
     local r = item.range
     if r.start.line ~= row or r['end'].line ~= row then
       return nil -- the protocol allows only single-line ranges on the cursor's line
     end
-    local line = vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ''
     start_col = compat.byte_col(line, r.start.character, client.offset_encoding)
     end_col = compat.byte_col(line, r['end'].character, client.offset_encoding)
     if start_col > col or end_col < col then
       return nil
     end
   end
-  local s = fit(bufnr, row, col, tick, item_text(item), start_col, end_col)
+  local s = fit(bufnr, row, line, col, tick, item_text(item), start_col, end_col)
   if s then
     s.client_id, s.command = client.id, item.command
   end
@@ -246,7 +245,8 @@ local function carry(bufnr, s)
   if line ~= s.line:sub(1, s.col) .. next_chars .. s.line:sub(s.col + 1) then
     return false -- something else changed too (an auto-closed bracket, another edit)
   end
-  local kept = fit(bufnr, row, col, vim.api.nvim_buf_get_changedtick(bufnr), s.insert, s.start_col, s.end_col + n)
+  local kept = fit(bufnr, row, line, col, vim.api.nvim_buf_get_changedtick(bufnr), s.insert, s.start_col,
+    s.end_col + n)
   if not kept or kept.ghost == '' then
     return false -- typed to its end: nothing left to show
   end

@@ -529,7 +529,7 @@ function M.attach(bufnr)
     settings = { draftwise = settings },
     capabilities = capabilities(),
     -- Every change at once (Neovim holds them 150 ms by default, until a request flushes them): the
-    -- server starts on the suggestion 20 ms after a keystroke, before the plugin asks (idle work).
+    -- server starts on the suggestion right after a keystroke, before the plugin asks (idle work).
     flags = { debounce_text_changes = 0 },
     on_init = function(client)
       M.state.client_id = client.id
