@@ -134,6 +134,11 @@ def mid_word(line_before: str, line_after: str) -> bool:
     return bool(line_before) and bool(line_after) and word_char(line_before[-1]) and word_char(line_after[0])
 
 
+def line_break_of(text: str) -> str:
+    """The line break an Enter inserts in this document."""
+    return "\r\n" if "\r\n" in text else "\n"
+
+
 def cursor_line(prefix: str, suffix: str) -> tuple[str, str]:
     """The cursor line's text before and after the cursor, without line breaks."""
     cut = max(prefix.rfind("\n"), prefix.rfind("\r"))
@@ -142,6 +147,7 @@ def cursor_line(prefix: str, suffix: str) -> tuple[str, str]:
 
 
 CUT_SHORT = ("time_limit", "max_tokens")  # stop reasons of a suggestion the model had more to say after
+MODEL_ENDED = ("stop_rule", "eos")  # stop reasons of a suggestion the model (or a stop rule) ended
 
 # A prediction grows a line at a time while the user types along it: it keeps this many finished
 # links from the one the cursor is in to its end (the line being typed and the one after the Enter).
@@ -154,11 +160,13 @@ class Prediction:
     user goes on typing what it says, it keeps running, and the request at their next pause is
     answered from it (Completions.suggest); otherwise it is stopped.
 
-    It is a chain of links. The time cap (maxTimeMs) ends a suggestion at a line end although the
-    model had more to say (as maxTokens may); then, in idle time, the next link is computed as if the
-    user had typed the text so far, so the line after their Enter is ready when they get there. Each
-    link is the suggestion the editor would get at its start; a request is answered with the rest of
-    the link the cursor is in."""
+    It is a chain of links, each computed in idle time as if the user had typed the text so far, so
+    the next suggestion is ready when they get there. The time cap (maxTimeMs) ends a suggestion at a
+    line end although the model had more to say (as maxTokens may): the next link goes on from there.
+    Where the model itself ended the suggestion at the end of its line, the next link is the line
+    after an Enter there: the request after the user's Enter (and the editor's indentation) is
+    answered from it at once. Each link is the suggestion the editor would get at its start; a
+    request is answered with the rest of the link the cursor is in."""
 
     doc: OpenDocument
     version: int  # the document version it was started for
@@ -167,10 +175,15 @@ class Prediction:
     job: Job  # the running link's job, or the last link's
     ended: Callable[["Prediction"], None]  # told each time its task is over
     task: asyncio.Task | None = None  # awaits the links and adds their text
-    text: str = ""  # the finished links' text, as the editor would show it at `prefix`
+    text: str = ""  # the finished links' text, as the editor would show it at `prefix`, with their leads
     ends: list[int] = field(default_factory=list)  # where each finished link ends in `text`
+    starts: list[int] = field(default_factory=list)  # where each finished link's suggestion starts (after its lead)
     stats: list[dict] = field(default_factory=list)  # each finished link's engine stats (the statusline's timing)
-    more: bool = False  # the last finished link was cut short (CUT_SHORT): the model had more to say
+    # How the next link starts after `text`: "" where the last link was cut short (CUT_SHORT: the
+    # model had more to say), a line break where the model ended it at the end of its line; None: no
+    # next link. `lead` is the running link's: typed by the user, not part of its suggestion.
+    next_lead: str | None = None
+    lead: str = ""
     _grown: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -185,23 +198,35 @@ class Prediction:
         """The typing agrees with what is generated so far. A running link is given the benefit of
         the doubt for what it has not generated yet: it stops itself at its first token that
         disagrees (Job.expect). Not a job whose text comes only at its end (a remote engine's)."""
-        so_far = self.text + (self.job.text_so_far if self.running else "")
+        so_far = self.text + (self.lead + self.job.text_so_far if self.running else "")
         return agrees(so_far, typed) and (bool(so_far) or self.job.tells_text)
 
     def link_at(self, typed: str) -> int | None:
-        """Which finished link the user is in after typing `typed` (0-based); None past them."""
-        return next((k for k, end in enumerate(self.ends) if len(typed) < end), None)
+        """Which finished link the user is in after typing `typed` (0-based); None past them, or
+        where they have not typed its lead yet."""
+        k = next((k for k, end in enumerate(self.ends) if len(typed) < end), None)
+        return k if k is not None and len(typed) >= self.starts[k] else None
+
+    def ended_line_at(self, typed: str) -> bool:
+        """The user has typed a link to its end, where the model ended the suggestion at the end of
+        its line (the next link, after a line break, is the line after an Enter)."""
+        n = len(typed)
+        if n == len(self.text):
+            return bool(self.lead if self.running else self.next_lead)
+        return any(end == n and start > n for end, start in zip(self.ends, self.starts[1:]))
 
     def wants_link(self, typed: str) -> bool:
-        """Another link is worth computing: the model had more to say, and the user has come within
-        LINKS_AHEAD links of the end."""
-        return self.more and sum(end > len(typed) for end in self.ends) < LINKS_AHEAD
+        """Another link is worth computing: there is one to compute, and the user has come within
+        LINKS_AHEAD links of the end (of links with text: the model may end a line with nothing to say)."""
+        ahead = sum(end > len(typed) and end > start for start, end in zip(self.starts, self.ends))
+        return self.next_lead is not None and ahead < LINKS_AHEAD
 
-    def add_link(self, text: str, more: bool, stats: dict) -> None:
-        self.text += text
+    def add_link(self, text: str, next_lead: str | None, stats: dict) -> None:
+        self.starts.append(len(self.text) + len(self.lead))
+        self.text += self.lead + text
         self.ends.append(len(self.text))
         self.stats.append(stats)
-        self.more = more
+        self.next_lead, self.lead = next_lead, ""
         self.grew()
 
     def grew(self) -> None:
@@ -258,11 +283,15 @@ class Completions:
             predicted = await self._from_prediction(cursor)
             if predicted is SUPERSEDED:
                 return SUPERSEDED
+            if predicted == "":
+                return None  # idle work's suggestion ended here
             shown = self._shaped(cursor, predicted, instant=True) if predicted else None
             if shown is not None:
                 # The engine's own answer, for an earlier cursor the user has typed along: no need
                 # to ask it again.
                 self.counts.predicted += 1
+                if not cursor.line_before.strip() and not cursor.line_after and settings.idle_work:
+                    self._run_in_background(self._prefetch_after_blank_line(cursor))  # a pause on an empty line
                 return shown
             instant = self.typeahead.continuation(uri, cursor.prefix, cursor.suffix)
         if instant is not None:
@@ -403,8 +432,9 @@ class Completions:
         typed = self._typed_along_prediction(doc, doc.text[:offset], doc.text[offset:])
         if typed is None or not self.prediction.running:
             return None
-        self.prediction.job.expect(typed[len(self.prediction.text):])  # the running link starts there
-        return self.prediction.job
+        p = self.prediction
+        p.job.expect(typed[len(p.text) + len(p.lead):])  # the running link's suggestion starts there
+        return p.job
 
     def _typed_along_prediction(self, doc: OpenDocument, prefix: str, suffix: str) -> str | None:
         """What the user typed since idle work's latest suggestion started, if that covers the cursor
@@ -415,7 +445,7 @@ class Completions:
         typed = p.typed(prefix, suffix)
         if typed is None or not p.agrees(typed) or not (typed or p.ends):
             return None  # (at its start while its first link runs: a request there joins that job)
-        return typed if p.running or len(typed) < len(p.text) else None
+        return typed if p.running or len(typed) < len(p.text) or p.ended_line_at(typed) else None
 
     def _stop_unless_edited(self, cursor: _Cursor, job) -> None:
         if cursor.doc.version == cursor.version:  # no edit since the request: nothing runs along it
@@ -449,26 +479,36 @@ class Completions:
             return False
         if result.stats.stopped == "cancelled":
             return False
-        line_before, line_after = cursor_line(p.prefix + p.text, p.suffix)
+        start = p.prefix + p.text + p.lead
+        line_before, line_after = cursor_line(start, p.suffix)
         edit = shape(result.text, line_before, line_after, self._indent(p.doc))
-        if edit is None or not edit.text:
+        text = edit.text if edit is not None else ""
+        next_lead = None  # only a link that leaves the rest of the line as it is can be taken as typed
+        if edit is None or edit.replace == 0:
+            end_before, end_after = cursor_line(start + text, p.suffix)
+            if result.stats.stopped in CUT_SHORT and text:
+                next_lead = ""
+            elif result.stats.stopped in MODEL_ENDED and end_before.strip() and not end_after.strip():
+                # The model ended the suggestion at the end of its line (even with nothing to say):
+                # the user's next key is most likely Enter.
+                next_lead = line_break_of(p.prefix)
+        if not text and next_lead is None:
             return False
-        # Only a link that leaves the rest of the line as it is can be taken as typed for the next.
-        p.add_link(edit.text, more=result.stats.stopped in CUT_SHORT and edit.replace == 0,
-                   stats=result.stats.to_dict())
+        p.add_link(text, next_lead, stats=result.stats.to_dict())
         return True
 
     def _next_link(self, p: Prediction, typed: str) -> bool:
-        """Submit the prediction's next link: the request at its end, as if the user had typed it."""
-        doc = p.doc
-        if self._moved_on(doc, doc.version) or not self.settings().idle_work:
+        """Submit the prediction's next link: the request at its end (after its lead), as if the user
+        had typed it."""
+        doc, lead = p.doc, p.next_lead
+        if self._moved_on(doc, doc.version) or not self.settings().idle_work or not agrees(p.text + lead, typed):
             return False
-        job = self._submit(self.request_at(doc, p.prefix + p.text, p.suffix, self.settings()), doc.version,
+        job = self._submit(self.request_at(doc, p.prefix + p.text + lead, p.suffix, self.settings()), doc.version,
                            idle=True)
         if job is None:
             return False
-        job.expect(typed[len(p.text):])  # typed past the finished links already
-        p.job = job
+        job.expect(typed[len(p.text) + len(lead):])  # typed past the finished links already
+        p.job, p.lead = job, lead
         return True
 
     def _typed_now(self, p: Prediction) -> str | None:
@@ -485,18 +525,21 @@ class Completions:
 
     async def _from_prediction(self, cursor: _Cursor) -> str | _Superseded | None:
         """The rest of the link of idle work's suggestion that the user typed into since it started
-        (waiting for that link to finish), else None."""
+        (waiting for that link to finish); "" where they typed a link to the end of the line where the
+        model ended it (the next link is the line after an Enter); else None."""
         typed = self._typed_along_prediction(cursor.doc, cursor.prefix, cursor.suffix)
         if typed is None:
             return None
         p, waited = self.prediction, time.perf_counter()
-        while p.running and len(typed) >= len(p.text):
+        while p.running and len(typed) >= len(p.text) + len(p.lead):
             await p.next_link()  # a cancelled request leaves the prediction running
         if self._moved_on(cursor.doc, cursor.version):
             return SUPERSEDED
         link = p.link_at(typed)
         if link is None or not p.text.startswith(typed):
-            return None
+            # Where the model ended its line the engine would say nothing more: asking it again would
+            # only cancel the next link, the line after the user's Enter.
+            return "" if p.text.startswith(typed) and p.ended_line_at(typed) else None
         rest = p.text[len(typed):p.ends[link]]  # the rest of the link the cursor is in
         self.last_stats = p.stats[link]  # the engine's numbers for the text on screen
         log.info("request: answered from idle work's suggestion (%d characters typed along it, link %d of %d; "
@@ -530,10 +573,24 @@ class Completions:
         """Idle work after a suggestion is shown: the next one, as if it were accepted. When the user
         takes it and the editor asks at the end of it, type-ahead answers from this at once (and the
         engine verifies it as a draft hint in one forward). A request the user waits for cancels it."""
-        doc, settings = cursor.doc, self.settings()
+        doc = cursor.doc
         prefix = doc.text[:cursor.start] + shown.text
         suffix = doc.text[doc.offset_at(shown.range.end, self.documents.encoding):]
-        job = self._submit(self.request_at(doc, prefix, suffix, settings), cursor.version, idle=True)
+        await self._prefetch(doc, cursor.version, prefix, suffix, cursor.indent)
+
+    async def _prefetch_after_blank_line(self, cursor: _Cursor) -> None:
+        """Idle work at a pause on an empty line: the suggestion after one more Enter. Idle work's
+        prediction foresaw the line after the Enter, but code often leaves a blank line there; when
+        the user types the Enter (and the editor its indentation), type-ahead answers from this at
+        once. It comes before the prediction's next link (which it cancels): that one is for after
+        the user has typed the line on screen, and starts again when they type along it."""
+        prefix = cursor.prefix[:len(cursor.prefix) - len(cursor.line_before)] + line_break_of(cursor.prefix)
+        await self._prefetch(cursor.doc, cursor.version, prefix, cursor.suffix, cursor.indent)
+
+    async def _prefetch(self, doc: OpenDocument, version: int, prefix: str, suffix: str,
+                        indent: IndentStyle) -> None:
+        """The suggestion at prefix|suffix in idle time, for type-ahead to answer from."""
+        job = self._submit(self.request_at(doc, prefix, suffix, self.settings()), version, idle=True)
         if job is None:
             return
         try:
@@ -544,7 +601,7 @@ class Completions:
         if result.stats.stopped == "cancelled":
             return
         line_before, line_after = cursor_line(prefix, suffix)
-        edit = shape(result.text, line_before, line_after, cursor.indent)
+        edit = shape(result.text, line_before, line_after, indent)
         if edit is not None and edit.text:
             self.counts.prefetched += 1
             self.typeahead.remember(doc.uri, prefix, suffix, edit.text, prefetched=True)

@@ -12,8 +12,9 @@ of a line). Then it is not stopped: it runs on, and the request at the next paus
 its rest (Completions.follow_typing, Completions.suggest), with a head start of every keystroke
 typed along it. It stops itself at the first token that differs from the typing (Job.expect), and
 idle work starts again where the cursor is. Where the time cap ended it at a line end, the line
-after is computed next, as if the user had typed it (`Prediction`): after an Enter along the
-prediction, the next line is on screen as soon as the editor asks.
+after is computed next, as if the user had typed it; where the model ended it at the end of its line,
+the next is the request after an Enter there (`Prediction`): after an Enter along the prediction, the
+next line is on screen as soon as the editor asks.
 
 It is idle work: any other request the user waits for cancels it within one forward, an edit that
 leaves it cancels it, it stays inside the cache budget (the KV store evicts as for any request), and

@@ -1,0 +1,96 @@
+"""Idle work with the real Qwen2.5-Coder 0.5B: where the model ends a suggestion at the end of its
+line, the prediction goes on with the line after an Enter there, so the request after the user's
+Enter is answered at once (the tiny model's text has no line ends to rely on)."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import pytest_asyncio
+
+from lsp_harness import inline_params, insert_change, lsp_session, open_document, stats, wait_for_state
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.real_model]
+
+# The user is typing `continue`, the last line of an `if` body: the model ends the suggestion there
+# (the next line belongs to the loop, less indented), and the loop body goes on after an Enter.
+TEXT = ("def non_blank(lines):\n"
+        "    result = []\n"
+        "    for line in lines:\n"
+        "        line = line.strip()\n"
+        "        if not line:\n"
+        "            conti")
+LINE, COLUMN = 5, len("            conti")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def real(real_model, workspace):
+    async with lsp_session(["--target", real_model], workspace=workspace,
+                           initialization_options={"contextTokens": 512}) as (client, _):
+        ready = await wait_for_state(client)
+        assert ready["state"] == "ready", ready["error"]
+        yield client
+
+
+async def until(client, predicate, timeout: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await stats(client)
+        if predicate(current):
+            return current
+        assert time.monotonic() < deadline, f"not reached in {timeout:.0f} s: {current}"
+        await asyncio.sleep(0.05)
+
+
+async def test_after_a_line_the_model_ended_the_line_after_the_enter_is_ready(real, workspace):
+    client, uri = real, (workspace / "non_blank.py").as_uri()
+    open_document(client, uri, TEXT)
+    before = await stats(client)
+    client.text_document_did_change(insert_change(uri, 2, LINE, COLUMN, "n"))
+    # Link 1 at the cursor (`ue`, ended by the model), then the line after an Enter at its end.
+    ready = await until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 2)
+    first = await client.text_document_inline_completion_async(inline_params(uri, LINE, COLUMN + 1))
+    assert first is not None and first.items[0].insert_text == "ue", first
+
+    # Typed to the end of the line: the model said nothing more there, so the engine is not asked
+    # (asking would cancel the next line).
+    client.text_document_did_change(insert_change(uri, 3, LINE, COLUMN + 1, "ue"))
+    at_end = await client.text_document_inline_completion_async(inline_params(uri, LINE, COLUMN + 3))
+    assert at_end is None or not at_end.items
+
+    # Enter: the next line is answered from idle work at once, then again after its indentation.
+    client.text_document_did_change(insert_change(uri, 4, LINE, COLUMN + 3, "\n"))
+    after_enter = await client.text_document_inline_completion_async(inline_params(uri, LINE + 1, 0))
+    assert after_enter is not None and after_enter.items, after_enter
+    next_line = after_enter.items[0].insert_text
+    indent = next_line[: len(next_line) - len(next_line.lstrip(" "))]
+    assert indent and next_line.strip(), next_line
+    client.text_document_did_change(insert_change(uri, 5, LINE + 1, 0, indent))
+    indented = await client.text_document_inline_completion_async(inline_params(uri, LINE + 1, len(indent)))
+    assert indented is not None and indented.items[0].insert_text == next_line[len(indent):]
+
+    now = await stats(client)
+    assert now["requests"] == ready["requests"], "all answered from idle work's prediction"
+    assert now["suggestions"]["predicted"] == ready["suggestions"]["predicted"] + 3
+
+
+async def test_at_a_pause_on_a_blank_line_the_line_after_another_enter_is_ready(real, workspace):
+    client, uri = real, (workspace / "blank_line.py").as_uri()
+    open_document(client, uri, TEXT)
+    before = await stats(client)
+    client.text_document_did_change(insert_change(uri, 2, LINE, COLUMN, "nue"))
+    await until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 1)
+    # Enter, and a pause on the empty line: the line after is shown from idle work's prediction, and
+    # idle work computes the suggestion after one more Enter (code often leaves a blank line).
+    client.text_document_did_change(insert_change(uri, 3, LINE, COLUMN + 3, "\n"))
+    on_blank = await client.text_document_inline_completion_async(inline_params(uri, LINE + 1, 0))
+    assert on_blank is not None and on_blank.items, on_blank
+    shown = await stats(client)
+    ready = await until(client, lambda s: s["suggestions"]["prefetched"] == shown["suggestions"]["prefetched"] + 1)
+    # The user leaves the line blank: the next request is answered at once from that suggestion.
+    client.text_document_did_change(insert_change(uri, 4, LINE + 1, 0, "\n"))
+    after_blank = await client.text_document_inline_completion_async(inline_params(uri, LINE + 2, 0))
+    assert after_blank is not None and after_blank.items and after_blank.items[0].insert_text.strip()
+    now = await stats(client)
+    assert now["suggestions"]["instant"] == ready["suggestions"]["instant"] + 1
