@@ -86,6 +86,17 @@ async def stats(client: LanguageClient) -> dict[str, Any]:
     return await custom_request(client, "draftwise/stats")
 
 
+async def stats_until(client: LanguageClient, predicate, timeout: float = 20.0) -> dict[str, Any]:
+    """The server's stats once `predicate` holds for them (polled every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = await stats(client)
+        if predicate(current):
+            return current
+        assert time.monotonic() < deadline, f"not reached in {timeout:.0f} s: {current}"
+        await asyncio.sleep(0.05)
+
+
 async def wait_for_state(client: LanguageClient, states: tuple[str, ...] = ("ready", "failed"),
                          timeout: float = READY_TIMEOUT_S) -> dict[str, Any]:
     deadline = time.monotonic() + timeout

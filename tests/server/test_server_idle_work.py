@@ -10,7 +10,9 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from lsp_harness import inline_params, inline_session, insert_change, lsp_session, open_document, stats, wait_for_state
+from lsp_harness import (
+    inline_params, inline_session, insert_change, lsp_session, open_document, stats, stats_until, wait_for_state,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -23,16 +25,6 @@ async def client(tiny_model_dir, workspace):
     async with inline_session(tiny_model_dir, workspace, maxTokens=10, scope="full") as (client, _):
         await wait_for_state(client)
         yield client
-
-
-async def until(client, predicate, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        current = await stats(client)
-        if predicate(current):
-            return current
-        assert time.monotonic() < deadline, f"not reached in {timeout:.0f} s: {current}"
-        await asyncio.sleep(0.05)
 
 
 async def settled(client) -> dict:
@@ -70,7 +62,7 @@ async def test_typing_starts_the_suggestion_and_the_editors_request_is_answered_
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
     # The suggestion at the end of the edit was computed in the quiet period, before the editor asked
     # (and, cut by maxTokens, the link after it too).
-    await until(client, lambda s: s["idle"]["prefetches"] > before["idle"]["prefetches"])
+    await stats_until(client, lambda s: s["idle"]["prefetches"] > before["idle"]["prefetches"])
     ready = await settled(client)
     assert ready["idle"]["prefetches"] == before["idle"]["prefetches"] + 2
     result = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 1))
@@ -88,7 +80,7 @@ async def test_an_edit_inside_a_word_reads_the_prompt_ahead_and_the_request_reus
     open_document(client, uri, "names = sorted(entries)\n")
     before = await settled(client)
     client.text_document_did_change(insert_change(uri, 2, 0, 3, "e"))  # nam|es: no suggestion there
-    await until(client, lambda s: s["idle"]["prepared_tokens"] > before["idle"]["prepared_tokens"])
+    await stats_until(client, lambda s: s["idle"]["prepared_tokens"] > before["idle"]["prepared_tokens"])
     assert (await stats(client))["idle"]["prefetches"] == before["idle"]["prefetches"], "nothing generated"
     invoked = await client.text_document_inline_completion_async(
         inline_params(uri, 0, 4, trigger=types.InlineCompletionTriggerKind.Invoked))
@@ -119,7 +111,7 @@ async def test_after_a_suggestion_is_shown_the_next_one_is_ready_when_it_is_acce
     shown = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN))
     text = shown.items[0].insert_text
     assert text and "\n" not in text, "the tiny model's suggestion must stay on the line for this test"
-    await until(client, lambda s: s["suggestions"]["prefetched"] > before["prefetched"])
+    await stats_until(client, lambda s: s["suggestions"]["prefetched"] > before["prefetched"])
     # The user takes it (Tab): the editor inserts it and asks again at its end.
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, text))
     command = shown.items[0].command
@@ -163,7 +155,7 @@ async def _idle_text_after_n(client, uri: str) -> str:
     open_document(client, uri, TEXT)
     before = await settled(client)
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
-    await until(client, lambda s: s["idle"]["prefetches"] > before["idle"]["prefetches"])
+    await stats_until(client, lambda s: s["idle"]["prefetches"] > before["idle"]["prefetches"])
     result = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 1))
     assert result is not None and len(result.items[0].insert_text) >= 2
     client.text_document_did_close(types.DidCloseTextDocumentParams(text_document=types.TextDocumentIdentifier(uri=uri)))
@@ -206,7 +198,7 @@ async def test_typing_something_else_stops_idle_work_and_starts_it_at_the_new_cu
     await asyncio.sleep(0.9)
     client.text_document_did_change(insert_change(uri, 3, LAST_LINE, LAST_COLUMN + 1, other))
     # Stopped within a forward, and the new cursor's suggestion runs to its end.
-    now = await until(client, lambda s: s["idle"]["prefetches"] == before["idle"]["prefetches"] + 2)
+    now = await stats_until(client, lambda s: s["idle"]["prefetches"] == before["idle"]["prefetches"] + 2)
     assert now["idle"]["cancelled"] == before["idle"]["cancelled"] + 1
     await settled(client)  # (cut by maxTokens, the new suggestion goes on with its next link)
     result = await client.text_document_inline_completion_async(inline_params(uri, LAST_LINE, LAST_COLUMN + 2))
@@ -228,7 +220,7 @@ async def test_a_cancelled_request_that_joined_idle_work_stops_it_when_no_edit_f
     await asyncio.sleep(0.6)  # generating (8 forwards of >= 200 ms)
     assert not pending.done()
     client.cancel_request(types.CancelParams(id="alone"))  # and no keystroke
-    now = await until(client, lambda s: s["requests"] > before["requests"])
+    now = await stats_until(client, lambda s: s["requests"] > before["requests"])
     assert now["idle"]["joined"] == before["idle"]["joined"] + 1
     assert now["last"]["stopped"] == "cancelled" and now["last"]["generated_tokens"] < 8
     assert now["last"]["forwards_after_cancel"] <= 1
@@ -250,7 +242,7 @@ async def test_a_prediction_cut_short_goes_on_with_the_next_link_as_the_user_typ
     before = await settled(client)
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
     # Link 1 at the cursor, then link 2 as if the user had typed link 1; then it waits for the user.
-    await until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 2)
+    await stats_until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 2)
     ready = await settled(client)
     assert ready["idle"]["prefetches"] == before["idle"]["prefetches"] + 2
     # The editor's request at the cursor is answered with link 1, the engine is not asked.
@@ -263,7 +255,7 @@ async def test_a_prediction_cut_short_goes_on_with_the_next_link_as_the_user_typ
     second = await client.text_document_inline_completion_async(
         inline_params(uri, LAST_LINE, LAST_COLUMN + 1 + len(link1)))
     assert second is not None and second.items and second.items[0].insert_text
-    now = await until(client, lambda s: s["idle"]["prefetches"] > ready["idle"]["prefetches"])
+    now = await stats_until(client, lambda s: s["idle"]["prefetches"] > ready["idle"]["prefetches"])
     assert now["suggestions"]["predicted"] == ready["suggestions"]["predicted"] + 2
     assert now["requests"] == ready["requests"], "both answered from the prediction"
     assert (await settled(client))["idle"]["prefetches"] == ready["idle"]["prefetches"] + 1, "link 3, no more"

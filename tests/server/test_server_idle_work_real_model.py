@@ -3,13 +3,12 @@ line, the prediction goes on with the line after an Enter there, so the request 
 Enter is answered at once (the tiny model's text has no line ends to rely on)."""
 from __future__ import annotations
 
-import asyncio
-import time
-
 import pytest
 import pytest_asyncio
 
-from lsp_harness import inline_params, insert_change, lsp_session, open_document, stats, wait_for_state
+from lsp_harness import (
+    inline_params, insert_change, lsp_session, open_document, stats, stats_until, wait_for_state,
+)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.real_model]
 
@@ -22,6 +21,7 @@ TEXT = ("def non_blank(lines):\n"
         "        if not line:\n"
         "            conti")
 LINE, COLUMN = 5, len("            conti")
+WAIT_S = 60.0  # for idle work (the real model on 2 cores)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -33,23 +33,14 @@ async def real(real_model, workspace):
         yield client
 
 
-async def until(client, predicate, timeout: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        current = await stats(client)
-        if predicate(current):
-            return current
-        assert time.monotonic() < deadline, f"not reached in {timeout:.0f} s: {current}"
-        await asyncio.sleep(0.05)
-
-
 async def test_after_a_line_the_model_ended_the_line_after_the_enter_is_ready(real, workspace):
     client, uri = real, (workspace / "non_blank.py").as_uri()
     open_document(client, uri, TEXT)
     before = await stats(client)
     client.text_document_did_change(insert_change(uri, 2, LINE, COLUMN, "n"))
     # Link 1 at the cursor (`ue`, ended by the model), then the line after an Enter at its end.
-    ready = await until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 2)
+    ready = await stats_until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 2,
+                              WAIT_S)
     first = await client.text_document_inline_completion_async(inline_params(uri, LINE, COLUMN + 1))
     assert first is not None and first.items[0].insert_text == "ue", first
 
@@ -80,14 +71,15 @@ async def test_at_a_pause_on_a_blank_line_the_line_after_another_enter_is_ready(
     open_document(client, uri, TEXT)
     before = await stats(client)
     client.text_document_did_change(insert_change(uri, 2, LINE, COLUMN, "nue"))
-    await until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 1)
+    await stats_until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 1, WAIT_S)
     # Enter, and a pause on the empty line: the line after is shown from idle work's prediction, and
     # idle work computes the suggestion after one more Enter (code often leaves a blank line).
     client.text_document_did_change(insert_change(uri, 3, LINE, COLUMN + 3, "\n"))
     on_blank = await client.text_document_inline_completion_async(inline_params(uri, LINE + 1, 0))
     assert on_blank is not None and on_blank.items, on_blank
     shown = await stats(client)
-    ready = await until(client, lambda s: s["suggestions"]["prefetched"] == shown["suggestions"]["prefetched"] + 1)
+    prefetched = shown["suggestions"]["prefetched"]
+    ready = await stats_until(client, lambda s: s["suggestions"]["prefetched"] == prefetched + 1, WAIT_S)
     # The user leaves the line blank: the next request is answered at once from that suggestion.
     client.text_document_did_change(insert_change(uri, 4, LINE + 1, 0, "\n"))
     after_blank = await client.text_document_inline_completion_async(inline_params(uri, LINE + 2, 0))
