@@ -283,8 +283,8 @@ class Completions:
             predicted = await self._from_prediction(cursor)
             if predicted is SUPERSEDED:
                 return SUPERSEDED
-            if predicted == "":
-                return None  # idle work's suggestion ended here
+            if predicted == "" and not invoked:
+                return None  # idle work's suggestion ended here (asked for by hand: the engine answers)
             shown = self._shaped(cursor, predicted, instant=True) if predicted else None
             if shown is not None:
                 # The engine's own answer, for an earlier cursor the user has typed along: no need

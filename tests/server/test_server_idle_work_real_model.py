@@ -1,10 +1,13 @@
 """Idle work with the real Qwen2.5-Coder 0.5B: where the model ends a suggestion at the end of its
 line, the prediction goes on with the line after an Enter there, so the request after the user's
-Enter is answered at once (the tiny model's text has no line ends to rely on)."""
+Enter is answered at once, and an automatic request at that line end does not ask the engine; at a
+pause on an empty line, the suggestion after one more Enter is ready. (The tiny model's text has no
+line ends to rely on.)"""
 from __future__ import annotations
 
 import pytest
 import pytest_asyncio
+from lsprotocol import types
 
 from lsp_harness import (
     inline_params, insert_change, lsp_session, open_document, stats, stats_until, wait_for_state,
@@ -86,3 +89,21 @@ async def test_at_a_pause_on_a_blank_line_the_line_after_another_enter_is_ready(
     assert after_blank is not None and after_blank.items and after_blank.items[0].insert_text.strip()
     now = await stats(client)
     assert now["suggestions"]["instant"] == ready["suggestions"]["instant"] + 1
+
+
+async def test_asked_for_by_hand_at_the_end_of_a_line_the_model_ended_the_engine_answers(real, workspace):
+    client, uri = real, (workspace / "invoked.py").as_uri()
+    # One item per invoked request: those requests may be answered from idle work's prediction too.
+    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
+        settings={"draftwise": {"contextTokens": 512, "alternatives": 1}}))
+    open_document(client, uri, TEXT)
+    before = await stats(client)
+    client.text_document_did_change(insert_change(uri, 2, LINE, COLUMN, "nue"))
+    ready = await stats_until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 2,
+                              WAIT_S)
+    automatic = await client.text_document_inline_completion_async(inline_params(uri, LINE, COLUMN + 3))
+    assert automatic is None or not automatic.items
+    assert (await stats(client))["requests"] == ready["requests"]
+    await client.text_document_inline_completion_async(
+        inline_params(uri, LINE, COLUMN + 3, trigger=types.InlineCompletionTriggerKind.Invoked))
+    assert (await stats(client))["requests"] == ready["requests"] + 1
