@@ -36,14 +36,20 @@ async def real(real_model, workspace):
         yield client
 
 
-async def test_after_a_line_the_model_ended_the_line_after_the_enter_is_ready(real, workspace):
-    client, uri = real, (workspace / "non_blank.py").as_uri()
+async def type_and_wait(client, uri: str, typed: str, links: int) -> dict:
+    """Open TEXT, type `typed` at its cursor (version 2), and wait for idle work's first `links` links;
+    the stats then."""
     open_document(client, uri, TEXT)
     before = await stats(client)
-    client.text_document_did_change(insert_change(uri, 2, LINE, COLUMN, "n"))
+    client.text_document_did_change(insert_change(uri, 2, LINE, COLUMN, typed))
+    return await stats_until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + links,
+                             WAIT_S)
+
+
+async def test_after_a_line_the_model_ended_the_line_after_the_enter_is_ready(real, workspace):
+    client, uri = real, (workspace / "non_blank.py").as_uri()
     # Link 1 at the cursor (`ue`, ended by the model), then the line after an Enter at its end.
-    ready = await stats_until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 2,
-                              WAIT_S)
+    ready = await type_and_wait(client, uri, "n", links=2)
     first = await client.text_document_inline_completion_async(inline_params(uri, LINE, COLUMN + 1))
     assert first is not None and first.items[0].insert_text == "ue", first
 
@@ -71,10 +77,7 @@ async def test_after_a_line_the_model_ended_the_line_after_the_enter_is_ready(re
 
 async def test_at_a_pause_on_a_blank_line_the_line_after_another_enter_is_ready(real, workspace):
     client, uri = real, (workspace / "blank_line.py").as_uri()
-    open_document(client, uri, TEXT)
-    before = await stats(client)
-    client.text_document_did_change(insert_change(uri, 2, LINE, COLUMN, "nue"))
-    await stats_until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 1, WAIT_S)
+    await type_and_wait(client, uri, "nue", links=1)
     # Enter, and a pause on the empty line: the line after is shown from idle work's prediction, and
     # idle work computes the suggestion after one more Enter (code often leaves a blank line).
     client.text_document_did_change(insert_change(uri, 3, LINE, COLUMN + 3, "\n"))
@@ -96,11 +99,7 @@ async def test_asked_for_by_hand_at_the_end_of_a_line_the_model_ended_the_engine
     # One item per invoked request: those requests may be answered from idle work's prediction too.
     client.workspace_did_change_configuration(types.DidChangeConfigurationParams(
         settings={"draftwise": {"contextTokens": 512, "alternatives": 1}}))
-    open_document(client, uri, TEXT)
-    before = await stats(client)
-    client.text_document_did_change(insert_change(uri, 2, LINE, COLUMN, "nue"))
-    ready = await stats_until(client, lambda s: s["idle"]["prefetches"] >= before["idle"]["prefetches"] + 2,
-                              WAIT_S)
+    ready = await type_and_wait(client, uri, "nue", links=2)
     automatic = await client.text_document_inline_completion_async(inline_params(uri, LINE, COLUMN + 3))
     assert automatic is None or not automatic.items
     assert (await stats(client))["requests"] == ready["requests"]
