@@ -535,11 +535,13 @@ class Completions:
             await p.next_link()  # a cancelled request leaves the prediction running
         if self._moved_on(cursor.doc, cursor.version):
             return SUPERSEDED
+        if not p.text.startswith(typed):
+            return None
         link = p.link_at(typed)
-        if link is None or not p.text.startswith(typed):
+        if link is None:
             # Where the model ended its line the engine would say nothing more: asking it again would
             # only cancel the next link, the line after the user's Enter.
-            return "" if p.text.startswith(typed) and p.ended_line_at(typed) else None
+            return "" if p.ended_line_at(typed) else None
         rest = p.text[len(typed):p.ends[link]]  # the rest of the link the cursor is in
         self.last_stats = p.stats[link]  # the engine's numbers for the text on screen
         log.info("request: answered from idle work's suggestion (%d characters typed along it, link %d of %d; "
