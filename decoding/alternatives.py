@@ -26,7 +26,7 @@ from decoding.api import CancelToken, RequestStats
 from decoding.healing import limited
 from decoding.policy import DraftPolicy
 from decoding.request_plan import RequestPlan
-from decoding.runner import Cancelled
+from decoding.runners import Cancelled
 from decoding.sampling import Sampler
 from decoding.speculative import speculative_decode
 

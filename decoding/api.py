@@ -13,7 +13,7 @@ from typing import Sequence
 DRAFTERS = ("none", "lookup", "model", "suggestion", "auto")
 SCOPES = ("auto", "line", "block", "full")
 WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8", "int4", "gguf")  # decoding.models.weights implements them;
-# gguf: the model's GGUF file run by llama.cpp (decoding/llamacpp_runner.py)
+# gguf: the model's GGUF file run by llama.cpp (decoding/runners/llamacpp.py)
 # "error": a remote engine's request that failed (it ends empty); the in-process engine raises instead
 STOP_REASONS = ("eos", "max_tokens", "stop_rule", "time_limit", "cancelled", "error")
 

@@ -54,7 +54,7 @@ class ForwardTimes:
 
 def measure_forward_times(runner, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3) -> ForwardTimes:
     """Time forwards of each size on top of a `context`-token cache (medians of `repeats`)."""
-    from decoding.runner import synthetic_tokens
+    from decoding.runners import synthetic_tokens
 
     base = synthetic_tokens(runner.vocab_size, context + 1)
     runner.start(base, "__cost_model__")

@@ -194,6 +194,10 @@ class Engine:
             "weights_reason": m.weights.reason if m else None,
             "weights_choice": m.weights.to_dict() if m else None,
             "draft_weights": m.draft.weights if m and m.draft else None,
+            "forward": getattr(m.target_runner, "path", None) if m else None,
+            # drafts are verified bit for bit (the exactness probe's widest exact width), or not at all
+            "verify": ({"exact_width": m.target_runner.exact_width, "lossless": m.target_runner.verify_exact}
+                       if m else None),
             "fim_template": m.prompts.template.family if m else None,
             "cost_model": {**m.cost.summary(), **m.draft_costs} if m else None,
         }

@@ -23,7 +23,7 @@ class LoadedModels:
     weights: Any  # decoding.models.weight_choice.WeightsChoice of the target
     prompts: Any  # decoding.prompt.PromptBuilder
     end_ids: frozenset[int]
-    target_runner: Any  # decoding.runner.ModelRunner
+    target_runner: Any  # decoding.runners.base.Runner
     cost: CostModel
     drafters: dict[str, Drafter]  # lookup, suggestion, and "model" when a draft model is used
     draft: Any = None  # LoadedModel of the draft model, when it is used
@@ -75,7 +75,7 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     from decoding.healing import BlankHealing
     from decoding.models.weight_choice import load_weights
     from decoding.prompt import PromptBuilder, end_token_ids
-    from decoding.runner import runner_for
+    from decoding.runners import runner_for
 
     hf_logging.disable_progress_bar()
     progress(f"loading target {cfg.target}", 0.05)
@@ -83,7 +83,9 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     prompts = PromptBuilder(target.tokenizer, cfg.context_tokens)
     runner = runner_for(target, cfg.cache_mb * 1024 * 1024)
     progress("measuring forward costs on this device", 0.5)
-    cost = CostModel(measure_forward_times(runner, repeats=3 if cfg.measure_cost else 1))
+    # Drafts are capped where verify forwards stop being exact here (decoding/runners/exactness.py).
+    cost = CostModel(measure_forward_times(runner, repeats=3 if cfg.measure_cost else 1),
+                     max_draft=max(0, min(16, runner.exact_width - 1)))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
                           runner, cost, {"lookup": LookupDrafter(), "suggestion": SuggestionDrafter(target.tokenizer)},
                           healing=BlankHealing(target.tokenizer, runner.vocab_size))
@@ -91,6 +93,8 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
         models.drafting_off = (f"{target.weights} weights: a verify forward's logits differ from one-token steps' "
                                f"here (by up to {runner.verify_difference:.3g}), so drafting could change the text; "
                                "every request decodes plainly")
+    elif runner.exact_width <= 16:
+        log.info("drafts capped at %d tokens: wider verify forwards are not exact here", runner.exact_width - 1)
         log.warning("drafting off: %s", models.drafting_off)
     if cfg.draft and cfg.draft != "none" and models.drafting_off:
         models.draft_note = "not loaded: drafting is off (see drafting_off)"
@@ -108,7 +112,7 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
 def _add_draft_model(models: LoadedModels, cfg: EngineConfig) -> None:
     from decoding.drafters.draft_model import ModelDrafter
     from decoding.models.weight_choice import load_weights
-    from decoding.runner import runner_for
+    from decoding.runners import runner_for
 
     free, need = _available_memory_bytes(models.target.device), _checkpoint_bytes(cfg.draft)
     if free is not None and need is not None and need * 1.2 > free:

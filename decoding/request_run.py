@@ -9,7 +9,7 @@ from decoding.api import CancelToken, CompletionResult
 from decoding.errors import DraftwiseError
 from decoding.loading import LoadedModels
 from decoding.request_plan import RequestPlan
-from decoding.runner import Cancelled, read_ahead
+from decoding.runners import Cancelled, read_ahead
 from decoding.speculative import Stop, speculative_decode
 
 

@@ -8,7 +8,7 @@ from typing import Callable
 from decoding.api import CancelToken, RequestStats
 from decoding.healing import Constraint, limited
 from decoding.policy import DraftPolicy
-from decoding.runner import ModelRunner
+from decoding.runners.base import Runner
 from decoding.sampling import Sampler
 from decoding.stop_rules import whole_lines
 
@@ -79,7 +79,7 @@ class StopRule:
         return Stop("time_limit", n, self._keep(complete))
 
 
-def speculative_decode(target: ModelRunner, seq: list[int], policy: DraftPolicy, sampler: Sampler,
+def speculative_decode(target: Runner, seq: list[int], policy: DraftPolicy, sampler: Sampler,
                        rule: StopRule, cancel: CancelToken, stats: RequestStats,
                        healing: Constraint | None = None) -> tuple[list[int], Stop]:
     """seq: the prompt; the target's cache must hold seq[:-1], or less of it: the first forward reads

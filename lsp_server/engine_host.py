@@ -184,6 +184,8 @@ class EngineHost:
             "weights": info.get("weights") or config.weights,
             "weightsReason": info.get("weights_reason"),
             "draftWeights": info.get("draft_weights") or (config.draft_weights if config.draft else None),
+            "forward": info.get("forward"),
+            "verify": info.get("verify"),
             "fimTemplate": info.get("fim_template"),
             "draftNote": info.get("draft_note") or None,
             "draftingOff": info.get("drafting_off") or None,

@@ -222,7 +222,10 @@ def run(args) -> int:
     info = engine.info()
     config_out = {
         "target": args.target, "draft": draft, "device": info.get("device"), "dtype": info.get("dtype"),
-        "weights": list(engines), "auto_weights": next(iter(engines)) if "auto" in formats else None,
+        "weights": list(engines),
+        "auto_weights": next(iter(engines.values())).models.target.weights if "auto" in formats else None,
+        # the format `auto` chose passed the exactness probe at every verify width: drafting cannot change its text
+        "auto_exact": next(iter(engines.values())).models.target_runner.verify_exact if "auto" in formats else None,
         "auto_weights_reason": auto_reason or None, "weights_choice": info.get("weights_choice"),
         "draft_weights": info.get("draft_weights"), "serve_rss_mib": serve_rss,
         "quality_cases": len(quality_cases),

@@ -30,7 +30,7 @@ from decoding.bench.corpus import Case
 from decoding.bench.hf_baselines import GenerateTiming, cut_at_end
 from decoding.bench.metrics import (
     ALL_MODES, ENGINE_MODES, HF_MODES, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
-    percentile, quality_summary, split_key, summarize,
+    paired_difference, percentile, quality_summary, split_key, summarize,
 )
 from decoding.healing import Constraint, without_healed
 
@@ -341,13 +341,18 @@ class Bench:
         anchors = [m for m in ("llamacpp-plain",) if m in modes]
         for case in self.quality_cases:
             prompt = self.engine.build_prompt(_request(case, "none", "bench://prompt", self.s.max_tokens))
-            for fmt in self.engines:
+            for fmt in list(self.engines):
                 self.progress(f"quality {fmt} {case.language}")
                 key = "auto" if fmt is None else f"auto@{fmt}"
                 out.setdefault(fmt or "engine", {})[case.id] = self.run_mode(case, key, prompt, "quality")
             for m in anchors:
                 self.progress(f"quality {m}")
                 out.setdefault(m, {})[case.id] = self.run_mode(case, m, prompt, "quality")
+
+    def _quality_records(self, fmt: str) -> dict:
+        """case id -> its scored record under `fmt` (timed plain runs and quality runs)."""
+        timed = self.result.runs.get(f"none@{fmt}" if fmt != "llamacpp-plain" else fmt, {})
+        return {**timed, **self.result.quality_runs.get(fmt, {})}
 
     def quality(self) -> dict | None:
         """Per weight format (and llama.cpp's Q4): quality over the timed cases (their plain-decoding
@@ -356,22 +361,31 @@ class Bench:
 
         runs = self.result.runs
         table = {}
-        for fmt in [f for f in self.engines if f is not None] + ["llamacpp-plain"]:
+        for fmt in [f for f in list(self.engines) if f is not None] + ["llamacpp-plain"]:
             timed = runs.get(f"none@{fmt}" if fmt != "llamacpp-plain" else fmt, {})
             records = list(timed.values()) + list(self.result.quality_runs.get(fmt, {}).values())
             if records:
                 table["llamacpp-q4" if fmt == "llamacpp-plain" else fmt] = quality_summary(r for r in records if r.ok)
         if not table:
             return None
+        # The gate: a format stays out of `auto` only when the 95% interval of its paired difference
+        # from fp32 lies wholly below -MAX_DROP_POINTS (decoding/models/quality_gate.py).
+        fp32 = self._quality_records("fp32")
         reference = table.get("fp32", {}).get("first_line_exact")
         for fmt, q in table.items():
             if reference is not None and q["first_line_exact"] is not None:
                 q["drop_points"] = round(reference - q["first_line_exact"], 1)
-                q["passes_gate"] = q["drop_points"] <= MAX_DROP_POINTS
+            if fmt == "fp32" or not fp32:
+                continue
+            paired = paired_difference(self._quality_records("llamacpp-plain" if fmt == "llamacpp-q4" else fmt), fp32)
+            if paired is not None:
+                q["versus_fp32"] = paired
+                q["passes_gate"] = paired["ci95"][1] >= -MAX_DROP_POINTS
         return {"max_drop_points": MAX_DROP_POINTS, "formats": table,
                 "cases": max((q["quality_cases"] for q in table.values()), default=0),
                 "method": "first line of the raw completion equal to the removed code's first line (trailing "
-                          "spaces aside); similarity: difflib ratio over as many lines as were removed"}
+                          "spaces aside); similarity: difflib ratio over as many lines as were removed; "
+                          "versus_fp32: paired difference with a 95% bootstrap interval and McNemar's exact test"}
 
     # ---- typing -------------------------------------------------------------------------------
     def typing_cases(self) -> list[Case]:
@@ -526,7 +540,7 @@ class Bench:
 
     def steps(self, modes_count: int) -> int:
         typing = self.s.typing_cases * 3 if self.s.typing_cases > 0 else 0
-        quality = len(self.quality_cases) * (len(self.engines) + 1)
+        quality = len(self.quality_cases) * (len(list(self.engines)) + 1)
         return len(self.cases) * modes_count + quality + typing + max(0, self.s.cancel_tries)
 
 

@@ -26,9 +26,9 @@ from decoding.bench.hf_baselines import GenerateTiming
 
 
 def available() -> bool:
-    from decoding import llamacpp_runner
+    from decoding.models import llamacpp_model
 
-    return llamacpp_runner.available()
+    return llamacpp_model.available()
 
 
 def version() -> str | None:

@@ -69,13 +69,17 @@ def markdown(data: Mapping) -> str:
     q = data.get("quality")
     if q:
         lines += ["", f"Completion quality against the removed code ({q['method']}); a format may be chosen by "
-                      f"`auto` within {q['max_drop_points']:g} points of fp32:", "",
-                  "| weights | cases | first line exact | similarity | below fp32 (points) | gate |",
-                  "|---|---:|---:|---:|---:|:---:|"]
+                      f"`auto` unless the 95% interval of its paired difference from fp32 lies below "
+                      f"-{q['max_drop_points']:g} points:", "",
+                  "| weights | cases | first line exact | similarity | minus fp32 (points) | 95% interval | McNemar p | gate |",
+                  "|---|---:|---:|---:|---:|---|---:|:---:|"]
         for fmt, v in q["formats"].items():
             gate = "–" if "passes_gate" not in v else ("pass" if v["passes_gate"] else "**fail**")
+            paired = v.get("versus_fp32") or {}
+            interval = f"[{paired['ci95'][0]:+.1f}, {paired['ci95'][1]:+.1f}]" if paired else "–"
             lines.append(f"| {fmt} | {v['quality_cases']} | {_fmt(v['first_line_exact'], '.1f', '%')} | "
-                         f"{_fmt(v['similarity'], '.3f')} | {_fmt(v.get('drop_points'), '.1f')} | {gate} |")
+                         f"{_fmt(v['similarity'], '.3f')} | {_fmt(paired.get('difference_points'), '+.1f')} | "
+                         f"{interval} | {_fmt(paired.get('mcnemar_p'), '.3f')} | {gate} |")
     cfg_w = cfg.get("auto_weights")
     if cfg_w:
         lines += ["", f"`--weights auto` chose **{cfg_w}**: {cfg.get('auto_weights_reason')}"]

@@ -12,13 +12,14 @@ import torch
 
 from decoding.drafters.base import Draft, DraftContext, Drafter, Offer
 from decoding.healing import limited
-from decoding.runner import ModelRunner, read_ahead
+from decoding.runners import read_ahead
+from decoding.runners.base import Runner
 
 
 class ModelDrafter(Drafter):
     name = "model"
 
-    def __init__(self, runner: ModelRunner, step_s: float, prefill_s: float, confidence: float = 0.4):
+    def __init__(self, runner: Runner, step_s: float, prefill_s: float, confidence: float = 0.4):
         self.runner = runner
         self.step_s = step_s  # one drafted token, kept current from the drafts it makes
         self.prefill_s = prefill_s  # one prompt token read in a chunk, measured at load

@@ -147,11 +147,28 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
         raise ModelLoadError(f"could not load '{spec_text}': {first}") from exc
     model.to(dev).eval()
     if weights in formats.QUANTIZED:
-        formats.convert(model, weights)
+        model = _quantized(model, weights, dev)
         torch_dtype = formats.compute_dtype(weights)
     name = _display_name(spec)
     fmt = weights or {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[torch_dtype]
     return LoadedModel(model, tokenizer, spec, dev, torch_dtype, name, fmt)
+
+
+def _quantized(model, fmt: str, device):
+    """int8 / int4: the static-shape forward where it knows the architecture (exact at every verify
+    width, without transformers' per-layer Python), else transformers' model with its linear
+    layers swapped for quantized ones."""
+    from decoding.models import weights as formats
+    from decoding.models.static_decoder import STATIC_CONTEXT, StaticDecoder, unsupported
+
+    why = unsupported(model.config, STATIC_CONTEXT) if device.type == "cpu" else f"device {device.type}"
+    if why is None:
+        decoder = StaticDecoder(model, fmt, STATIC_CONTEXT)
+        del model
+        formats.return_freed_memory()
+        return decoder
+    log.info("%s weights on transformers' forward: the static forward does not take %s", fmt, why)
+    return formats.convert(model, fmt)
 
 
 def gguf_file(spec_text: str) -> Path | None:
@@ -174,7 +191,7 @@ def _load_gguf(spec_text: str, spec: ModelSpec, device, trust_remote_code: bool)
     vocabulary: a preset's safetensors and tokenizer were made from that file)."""
     import torch
 
-    from decoding.llamacpp_runner import LlamaCppModel
+    from decoding.models.llamacpp_model import LlamaCppModel
 
     tokenizer = _tokenizer(*model_source(spec), trust_remote_code)
     model = LlamaCppModel(gguf_file(spec_text), GGUF_CONTEXT_TOKENS)

@@ -1,9 +1,12 @@
 """Which weight formats keep completions as good as fp32: measured by the benchmark, kept here.
 
-A format is eligible for `auto` on a model when its first-line exact match against the ground truth
-removed from the benchmark's cases is within MAX_DROP_POINTS of fp32's on the same cases. The
-figures come from `draftwise bench --weights ... --quality-cases N` (see README, "Weights"); a
-model that was never measured gets the formats that passed on every measured model.
+A format is eligible for `auto` on a model unless the benchmark shows it loses more than
+MAX_DROP_POINTS of first-line exact match against fp32: the 95% interval of its paired difference from
+fp32 on the same cases (`versus_fp32`, a bootstrap over cases) lies wholly below -MAX_DROP_POINTS. A
+handful of cases proves nothing either way, so an entry without an interval falls back to the point
+estimates. The figures come from `draftwise bench --weights ... --quality-cases N` (see
+docs/performance.md); a model never measured gets the formats that passed on every measured model.
+A format missing from a model's entry was not measured and is not eligible.
 """
 from __future__ import annotations
 
@@ -25,10 +28,19 @@ MEASURED: dict[str, dict] = {'qwen2.5-coder-0.5b': {'cases': 41,
                                  'quality-0.5b-bf16.json (2026-12-01 04:49 UTC)']}}
 
 
-def verdicts(first_line_exact: dict[str, float]) -> dict[str, bool]:
-    """format -> passes the gate, from first-line exact match in percent (fp32 must be present)."""
-    reference = first_line_exact["fp32"]
-    return {fmt: reference - score <= MAX_DROP_POINTS for fmt, score in first_line_exact.items()}
+def verdicts(entry: dict) -> dict[str, bool]:
+    """format -> passes the gate, for one model's entry: its 95% interval against fp32 where the entry
+    has one, else first-line exact match in percent against fp32's."""
+    scores, paired = entry["first_line_exact"], entry.get("versus_fp32", {})
+    out = {}
+    for fmt, score in scores.items():
+        if fmt == "fp32":
+            out[fmt] = True
+        elif fmt in paired:
+            out[fmt] = paired[fmt]["ci95"][1] >= -MAX_DROP_POINTS
+        else:
+            out[fmt] = scores["fp32"] - score <= MAX_DROP_POINTS
+    return out
 
 
 def eligible_formats(model_key: str | None, measured: dict[str, dict] | None = None) -> tuple[list[str], str]:
@@ -36,10 +48,10 @@ def eligible_formats(model_key: str | None, measured: dict[str, dict] | None = N
     measured = MEASURED if measured is None else measured
     if model_key in measured:
         entry = measured[model_key]
-        passed = [f for f, ok in verdicts(entry["first_line_exact"]).items() if ok]
+        passed = [f for f, ok in verdicts(entry).items() if ok]
         return passed, f"quality gate: {entry['cases']} benchmark cases of {model_key}"
     if not measured:
         return ["fp32"], "quality gate: no model measured yet, so only fp32"
-    per_model = [{f for f, ok in verdicts(e["first_line_exact"]).items() if ok} for e in measured.values()]
+    per_model = [{f for f, ok in verdicts(e).items() if ok} for e in measured.values()]
     passed = sorted(set.intersection(*per_model), key=WEIGHT_FORMATS.index)
     return passed, f"quality gate: formats that passed on every measured model ({', '.join(measured)})"

@@ -70,7 +70,7 @@ class WeightsChoice:
 
 def time_format(loaded, context: int = 128, repeats: int = 3) -> FormatTiming:
     """Time decode, verify and prefill forwards of a loaded model (medians of `repeats`)."""
-    from decoding.runner import runner_for, synthetic_tokens
+    from decoding.runners import runner_for, synthetic_tokens
 
     runner = runner_for(loaded, 1 << 30, role="timing")
     ids = synthetic_tokens(runner.vocab_size, context + 256 + 1)

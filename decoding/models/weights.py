@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 FORMATS = WEIGHT_FORMATS[1:]  # the concrete ones
 QUANTIZED = ("int8", "int4")
-GGUF = "gguf"  # not a conversion: llama.cpp runs the model's GGUF file (decoding/llamacpp_runner.py)
+GGUF = "gguf"  # not a conversion: llama.cpp runs the model's GGUF file (decoding/runners/llamacpp.py)
 INT4_GROUP_SIZES = (128, 64, 32)
 ROW_EXACT_ATTENTION = "draftwise_row_exact"
 # Forwards of at least this many tokens are prefill: plain and speculative decoding run the same
@@ -46,6 +46,22 @@ def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     w = weight.detach().float()
     scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scale
+
+
+def int4_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` [n, k] as asymmetric int4 in groups of `group` along k, packed for ATen's CPU kernel
+    (`_weight_int4pack_mm_for_cpu`): (packed weights, bf16 scales and zeros)."""
+    w = weight.detach().float()
+    n, k = w.shape
+    grouped = w.reshape(n, k // group, group)
+    low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+    scale = ((high - low) / 15.0).clamp(min=1e-8)
+    q = torch.round((grouped - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
+    # The kernel computes (q - 8) * scale + zero, so zero is the value of the group's middle code.
+    zero = low + 8 * scale
+    scales_and_zeros = torch.stack([scale.squeeze(-1), zero.squeeze(-1)], dim=-1).transpose(0, 1)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+    return packed, scales_and_zeros.contiguous().to(torch.bfloat16)
 
 
 class Int8Linear(nn.Module):
@@ -127,19 +143,11 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int4Linear":
-        w = linear.weight.detach().float()
-        n, k = w.shape
+        n, k = linear.weight.shape
         group = next(g for g in INT4_GROUP_SIZES if k % g == 0)
-        grouped = w.reshape(n, k // group, group)
-        low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
-        scale = ((high - low) / 15.0).clamp(min=1e-8)
-        q = torch.round((grouped - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
-        # The kernel computes (q - 8) * scale + zero, so zero is the value of the group's middle code.
-        zero = low + 8 * scale
-        scales_and_zeros = torch.stack([scale.squeeze(-1), zero.squeeze(-1)], dim=-1).transpose(0, 1)
-        packed = torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1)
+        packed, scales_and_zeros = int4_groups(linear.weight, group)
         bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
-        return cls(packed, scales_and_zeros.contiguous().to(torch.bfloat16), group, k, n, bias)
+        return cls(packed, scales_and_zeros, group, k, n, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
@@ -279,12 +287,12 @@ def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None)
 
 
 def _gguf_problem(device: torch.device, spec_text: str | None) -> str | None:
-    from decoding import llamacpp_runner
+    from decoding.models import llamacpp_model
     from decoding.models.loading import gguf_file
 
     if device.type != "cpu":
         return f"gguf weights run on llama.cpp's CPU build here; this device is {device.type}"
-    if not llamacpp_runner.available():
+    if not llamacpp_model.available():
         return "gguf weights need llama.cpp: pip install 'draftwise[llamacpp]'"
     if spec_text is not None and gguf_file(spec_text) is None:
         return f"no GGUF file for {spec_text} (a preset's comes with `draftwise models pull`)"

@@ -25,3 +25,13 @@ class HealedPrompt:
         """The completion's text as the engine reports it (an unfinished UTF-8 character at the end
         is not text yet)."""
         return without_healed(self.healed, self.models.decode(out)).rstrip("\ufffd")
+
+
+def last_logits(model, ids: list[int]) -> torch.Tensor:
+    """[V] float logits after `ids`, from one uncached forward of the whole sequence: a transformers
+    model's own forward, or the static decoder's (decoding/models/static_decoder.py) from position 0,
+    which overwrites its cache and reads nothing cached."""
+    with torch.inference_mode():
+        if getattr(model, "static_forward", False):
+            return model(torch.tensor(ids), 0, 1)[-1]
+        return model(input_ids=torch.tensor([ids])).logits[0, -1].float()

@@ -7,15 +7,15 @@ import torch
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
-from tests.engine.healed import HealedPrompt
+from tests.engine.healed import HealedPrompt, last_logits
 from tests.engine.test_lossless import random_prompts, reference_greedy
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    # fp32 pinned: the references below run uncached full forwards, which only fp32 rounds exactly like the
-    # cached decode; `auto` may pick bf16 on a CPU where bf16 is fastest (it did on CI).
-    e = Engine(EngineConfig(target=str(tiny_model_dir), drafter="auto", max_tokens=16, weights="fp32"))
+    # int8 pinned: the references below run uncached whole-sequence forwards, whose last rows the static
+    # forward computes exactly as a cached decode step (decoding/models/static_decoder.py)
+    e = Engine(EngineConfig(target=str(tiny_model_dir), drafter="auto", max_tokens=16, weights="int8"))
     e.load()
     yield e
     e.close()
@@ -26,7 +26,7 @@ def greedy_from(engine: Engine, prompt: HealedPrompt, first: int, max_tokens: in
     out = [first]
     with torch.inference_mode():
         while len(out) < max_tokens:
-            logits = engine.models.target.model(input_ids=torch.tensor([prompt.ids + out])).logits[0, -1]
+            logits = last_logits(engine.models.target.model, prompt.ids + out)
             tok = int(prompt.limit(logits, out).argmax())
             if tok in engine.models.end_ids:
                 break
@@ -55,7 +55,7 @@ def test_alternatives_are_distinct_greedy_continuations_of_next_best_first_token
     prompt = HealedPrompt(engine, request)
     assert prompt.healed == " ", "the prompt ends with a space: the first tokens are limited to those that write it"
     with torch.inference_mode():
-        first = prompt.limit(engine.models.target.model(input_ids=torch.tensor([prompt.ids])).logits[0, -1], [])
+        first = prompt.limit(last_logits(engine.models.target.model, prompt.ids), [])
     ranked = first.topk(40).indices.tolist()
     expected = []
     for token in ranked[1:]:

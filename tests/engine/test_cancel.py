@@ -88,7 +88,7 @@ def test_job_is_awaitable_from_asyncio(engine):
 
 def test_a_cancel_stops_the_draft_models_catch_up_between_chunks(tiny_model_dir, tiny_draft_dir):
     """The draft model reads the prompt when it first drafts; a cancel must not wait for all of it."""
-    from decoding.runner import PREFILL_CHUNK
+    from decoding.runners import PREFILL_CHUNK
 
     e = Engine(EngineConfig(target=str(tiny_model_dir), draft=str(tiny_draft_dir), drafter="model"))
     e.load()

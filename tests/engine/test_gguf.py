@@ -15,7 +15,7 @@ import torch
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
-from decoding.runner import PREFILL_CHUNK
+from decoding.runners import PREFILL_CHUNK
 from tests.engine.healed import HealedPrompt
 
 pytest.importorskip("llama_cpp", reason="the gguf format needs the llamacpp extra: pip install -e '.[llamacpp]'")
@@ -44,7 +44,7 @@ def engine(real_model):
 @pytest.fixture(scope="module")
 def reference_model(real_model):
     """A second llama.cpp instance of the same file, so the reference shares no state with the engine."""
-    from decoding.llamacpp_runner import LlamaCppModel
+    from decoding.models.llamacpp_model import LlamaCppModel
     from decoding.models.loading import GGUF_CONTEXT_TOKENS, gguf_file
 
     model = LlamaCppModel(gguf_file(real_model), GGUF_CONTEXT_TOKENS)
@@ -56,9 +56,7 @@ def plain_greedy(model, engine: Engine, request: CompletionRequest, max_tokens: 
     prompt = HealedPrompt(engine, request)
     ids = prompt.ids
     model.lib.llama_memory_clear(model.memory, True)
-    from decoding.llamacpp_runner import LlamaCppRunner
-
-    tail = min(LlamaCppRunner.prompt_tail, len(ids))
+    tail = min(engine.models.target_runner.prompt_tail, len(ids))
     for start in range(0, len(ids) - tail, PREFILL_CHUNK):
         model.decode(ids[start:min(start + PREFILL_CHUNK, len(ids) - tail)], start, keep=1)
     out, last = [], ids[-tail:]
@@ -73,21 +71,30 @@ def plain_greedy(model, engine: Engine, request: CompletionRequest, max_tokens: 
 
 
 def test_the_engine_runs_the_gguf_file_on_llama_cpp(engine):
-    from decoding.llamacpp_runner import LlamaCppRunner
+    from decoding.runners.llamacpp import LlamaCppRunner
 
     assert engine.info()["weights"] == "gguf"
     assert isinstance(engine.models.target_runner, LlamaCppRunner)
 
 
-def test_drafting_is_off_exactly_when_a_verify_row_differs_from_a_decode_step(engine, reference_model):
+def test_drafts_are_no_wider_than_the_widest_exact_forward(engine):
     """Measured at load: where llama.cpp computes a k-token forward's rows unlike one-token steps,
-    speculation could change the text, so the engine decodes plainly and says why."""
-    difference = reference_model.verify_difference()  # measured on a second instance of the file
+    speculation could change the text, so drafts stop one token short of the first inexact width
+    (none at all when two rows already differ), and the engine says why."""
+    from decoding.runners import exactness
+
     runner = engine.models.target_runner
-    assert (difference == 0.0) == runner.verify_exact  # the same build measures the same way twice
+    per_width = {int(w): d for w, d in runner.exactness["per_width"].items()}
+    assert all(d == 0.0 for w, d in per_width.items() if w <= runner.exact_width)
+    if runner.exact_width < max(per_width):
+        assert per_width[runner.exact_width + 1] > 0.0
+    assert runner.exactness["positions"] == exactness.positions(runner.max_positions)
+    assert engine.models.cost.max_draft == max(0, min(16, runner.exact_width - 1))
+    # the first forward's prompt tail and a draft fit in the exact width together
+    assert runner.prompt_tail + engine.models.cost.max_draft <= max(runner.exact_width, 1)
     info = engine.info()
     if runner.verify_exact:
-        assert not info["drafting_off"]
+        assert not info["drafting_off"] and info["verify"]["exact_width"] == runner.exact_width
     else:
         assert "decodes plainly" in info["drafting_off"] and engine.models.drafter_mode("auto") == "none"
 

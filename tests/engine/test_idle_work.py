@@ -9,7 +9,7 @@ import pytest
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
-from decoding.runner import PREFILL_CHUNK
+from decoding.runners import PREFILL_CHUNK
 
 LONG_PREFIX = "def step(state):\n    total = 0\n" + "    total += state.value * 3 - 1\n" * 120
 

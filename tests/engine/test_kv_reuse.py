@@ -7,7 +7,7 @@ import torch
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
 from decoding.models.loading import load_model
-from decoding.runner import ModelRunner
+from decoding.runners.hf import ModelRunner
 
 
 @pytest.fixture(scope="module")

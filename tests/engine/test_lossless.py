@@ -8,7 +8,7 @@ import torch
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
-from tests.engine.healed import HealedPrompt
+from tests.engine.healed import HealedPrompt, last_logits
 
 WORDS = ["def", " foo", "(x)", ":", "\n    ", "return", " x", " +", " 1", "\n", "class", " A", "self", ".items",
          " =", " []", "for", " i", " in", " range", "(", ")", "{", "}", ";", "🙂", "漢字", "\t"]
@@ -26,12 +26,12 @@ def random_prompts(n: int, seed: int):
 
 
 def reference_greedy(engine: Engine, request: CompletionRequest, max_tokens: int) -> str:
-    """Plain greedy decoding with no cache and no engine code: one full forward per token."""
+    """Plain greedy decoding with no cache and no engine code: one whole-sequence forward per token."""
     model, prompt = engine.models.target.model, HealedPrompt(engine, request)
     out: list[int] = []
     with torch.inference_mode():
         for _ in range(max_tokens):
-            logits = prompt.limit(model(input_ids=torch.tensor([prompt.ids + out])).logits[0, -1], out)
+            logits = prompt.limit(last_logits(model, prompt.ids + out), out)
             tok = int(logits.argmax())
             if tok in engine.models.end_ids:
                 break
@@ -41,10 +41,10 @@ def reference_greedy(engine: Engine, request: CompletionRequest, max_tokens: int
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tiny_draft_dir):
-    # fp32: reference_greedy recomputes the whole sequence for every token (test_weights checks the other
-    # formats against a decoder that, like plain decoding, reads the prompt once and then one token a step)
+    # int8, the exact format (decoding/runners/exactness.py): reference_greedy recomputes the whole
+    # sequence for every token, whose last row the static forward computes as a cached decode step does
     e = Engine(EngineConfig(target=str(tiny_model_dir), draft=str(tiny_draft_dir), drafter="model", max_tokens=48,
-                            weights="fp32"))
+                            weights="int8", draft_weights="int8"))
     e.load()
     yield e
     e.close()

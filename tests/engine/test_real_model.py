@@ -23,11 +23,11 @@ def fim_cases():
         yield name, text[:at], text[at + len(statement):]
 
 
-@pytest.fixture(scope="module", params=["fp32", "int8"])
+@pytest.fixture(scope="module", params=["int8", "int4"])
 def engine(real_model, request):
     # The 0.5B drafting for itself, in the same weights: every draft token must be accepted, a valid
-    # all-accept check. In int8 it also checks that a k-token verify forward computes what the
-    # draft's one-token steps computed, bit for bit, on the real model.
+    # all-accept check, and a check that a k-token verify forward computes what the draft's one-token
+    # steps computed, bit for bit, on the real model (the exact formats: fp32 decodes plainly here).
     e = Engine(EngineConfig(target=real_model, draft=real_model, drafter="model", max_tokens=20, context_tokens=768,
                             weights=request.param, draft_weights=request.param))
     e.load()

@@ -14,7 +14,7 @@ from decoding.models import quality_gate, weights
 from decoding.models.loading import load_model
 from decoding.models.specs import parse_model_spec
 from decoding.models.weight_choice import WORKLOADS, FormatTiming, TimingCache, WeightsChoice, choose_and_load
-from decoding.runner import ModelRunner
+from decoding.runners.hf import ModelRunner
 from tests.engine.healed import HealedPrompt
 
 FORMATS = ("fp32", "bf16", "int8", "int4")
@@ -36,21 +36,41 @@ def test_quantized_linear_is_close_to_fp32_and_computes_each_row_alone(make, tol
 
 
 def test_convert_quantizes_every_linear_and_lm_head_and_shrinks_the_model(tiny_model_dir):
+    """transformers' forward with quantized layers: what runs for architectures the static forward
+    does not know."""
     fp32 = load_model(str(tiny_model_dir), "cpu", weights="fp32")
-    int8 = load_model(str(tiny_model_dir), "cpu", weights="int8")
-    assert not any(isinstance(m, nn.Linear) for m in int8.model.modules())
-    assert isinstance(int8.model.lm_head, weights.Int8Linear)
-    embedding, head = int8.model.model.embed_tokens, int8.model.lm_head
+    int8 = weights.convert(load_model(str(tiny_model_dir), "cpu", weights="fp32").model, "int8")
+    assert not any(isinstance(m, nn.Linear) for m in int8.modules())
+    assert isinstance(int8.lm_head, weights.Int8Linear)
+    embedding, head = int8.model.embed_tokens, int8.lm_head
     # The tiny model ties its lm_head to the embedding, as the presets do: int8 stores the matrix once.
     assert isinstance(embedding, weights.Int8Embedding)
     assert embedding.qweight.data_ptr() == head.qweight.data_ptr()
     ids = torch.tensor([[0, 5, 17, 300]])
     want = fp32.model.model.embed_tokens(ids)
     assert ((embedding(ids) - want).norm() / want.norm()).item() < 0.01
-    assert int8.weights == "int8" and int8.dtype == torch.float32
-    assert weights.weight_bytes(int8.model) < weights.weight_bytes(fp32.model) / 3
-    assert isinstance(load_model(str(tiny_model_dir), "cpu", weights="int4").model.model.embed_tokens,
-                      weights.CompactEmbedding)
+    assert weights.weight_bytes(int8) < weights.weight_bytes(fp32.model) / 3
+    int4 = weights.convert(load_model(str(tiny_model_dir), "cpu", weights="fp32").model, "int4")
+    assert isinstance(int4.model.embed_tokens, weights.CompactEmbedding)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_formats_load_on_the_static_forward_and_stay_close_to_fp32(tiny_model_dir, fmt):
+    from decoding.models.static_decoder import StaticDecoder
+    from tests.engine.healed import last_logits
+
+    fp32 = load_model(str(tiny_model_dir), "cpu", weights="fp32")
+    quantized = load_model(str(tiny_model_dir), "cpu", weights=fmt)
+    assert isinstance(quantized.model, StaticDecoder) and quantized.weights == fmt
+    assert quantized.dtype == weights.compute_dtype(fmt)
+    ids = [(i * 37) % 300 + 10 for i in range(50)]
+    want, got = last_logits(fp32.model, ids), last_logits(quantized.model, ids)
+    # (a tiny model of random weights: int4's groups of 32 are coarse for it)
+    assert ((got - want).norm() / want.norm()).item() < (0.05 if fmt == "int8" else 0.35)
+    # weights and their scales, without the KV buffer and the rotary tables
+    held = sum(b.numel() * b.element_size() for n, b in quantized.model.named_buffers()
+               if n not in ("k_cache", "v_cache", "cos", "sin"))
+    assert held < weights.weight_bytes(fp32.model) / (3 if fmt == "int8" else 4)
 
 
 def test_an_untied_embedding_gets_its_own_int8_rows():
@@ -64,41 +84,71 @@ def test_an_untied_embedding_gets_its_own_int8_rows():
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_a_verify_forward_equals_one_token_steps_bit_for_bit(tiny_model_dir, fmt):
-    """What makes the quantized formats lossless; without the row-exact attention it fails."""
-    loaded = load_model(str(tiny_model_dir), "cpu", weights=fmt)
-    runner = ModelRunner(loaded, 1 << 26)
-    ids = [(i * 37) % 300 + 10 for i in range(60)]
-    with torch.inference_mode():
+    """What makes the quantized formats lossless: every width, past a window step, and a prompt read
+    in other chunks leaves the same cache."""
+    from decoding.models.static_decoder import WINDOW_STEP
+    from decoding.runners import runner_for
+
+    runner = runner_for(load_model(str(tiny_model_dir), "cpu", weights=fmt), 1 << 26, probe=False)
+    ids = [(i * 37) % 300 + 10 for i in range(WINDOW_STEP + 40)]
+    for start in (40, WINDOW_STEP - 5):  # the second crosses into the next attention window
         runner.start([], "doc")
-        runner.forward(ids[:40], logits_to_keep=1)
-        together = runner.forward(ids[40:49])
-        runner.crop_to(40)
-        one_by_one = torch.cat([runner.forward([t]) for t in ids[40:49]])
-    assert torch.equal(together, one_by_one)
+        runner.forward(ids[:start - 7], logits_to_keep=1)
+        runner.forward(ids[start - 7:start], logits_to_keep=1)
+        one_by_one = torch.cat([runner.forward([t]) for t in ids[start:start + 17]])
+        for width in (2, 3, 5, 9, 17):
+            runner.crop_to(start)
+            assert torch.equal(runner.forward(ids[start:start + width]), one_by_one[:width]), (start, width)
+        # the same prompt read in one forward, then stepped: the same rows
+        runner.discard()
+        runner.start([], "doc")
+        runner.forward(ids[:start], logits_to_keep=1)
+        assert torch.equal(runner.forward(ids[start:start + 3]), one_by_one[:3])
+        runner.discard()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_exactness_probe_decides_whether_a_format_drafts(tiny_model_dir, fmt, tmp_path, monkeypatch):
+    """int8 and int4 are exact by construction, so the probe must find every width exact; the float
+    formats on transformers' forward are whatever the kernels give, and a runner drafts only as wide
+    as the probe found exact."""
+    from decoding.runners import exactness, runner_for
+
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
+    runner = runner_for(load_model(str(tiny_model_dir), "cpu", weights=fmt), 1 << 26)
+    result = runner.exactness
+    assert len(result["positions"]) == 3 and set(result["per_width"]) == set(range(2, exactness.MAX_WIDTH + 1))
+    if fmt in ("int8", "int4"):
+        assert runner.exact_width == exactness.MAX_WIDTH and runner.verify_exact
+    widths = sorted(result["per_width"].items())
+    assert all(d == 0.0 for w, d in widths if w <= runner.exact_width)
+    if runner.exact_width < exactness.MAX_WIDTH:
+        assert widths[runner.exact_width - 1][1] > 0.0  # the first inexact width is why it stopped
+    # kept: a second runner reads the result instead of probing
+    monkeypatch.setattr(exactness, "probe", lambda *a, **k: pytest.fail("probed again"))
+    assert runner_for(load_model(str(tiny_model_dir), "cpu", weights=fmt), 1 << 26).exact_width == runner.exact_width
 
 
 def incremental_greedy(engine: Engine, request: CompletionRequest, max_tokens: int) -> str:
     """Plain greedy decoding written out: the prompt in the engine's prefill chunks, then one token a
-    forward, on the engine's (possibly quantized) model but none of its decoding code."""
-    from transformers import DynamicCache
+    forward, on a runner of its own over the engine's (possibly quantized) model, none of the
+    engine's decoding code."""
+    from decoding.runners import runner_for
 
-    from decoding.runner import PREFILL_CHUNK
-
-    model, prompt = engine.models.target.model, HealedPrompt(engine, request)
+    runner, prompt = runner_for(engine.models.target, 1 << 26, probe=False), HealedPrompt(engine, request)
     ids = prompt.ids
-    cache_kw = ModelRunner(engine.models.target, 0)._cache_kw  # transformers renamed past_key_values to cache
-    cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        for i in range(0, len(ids) - 1, PREFILL_CHUNK):
-            model(input_ids=torch.tensor([ids[i:min(i + PREFILL_CHUNK, len(ids) - 1)]]), use_cache=True,
-                  logits_to_keep=1, **{cache_kw: cache})
+        runner.start([], "reference")
+        for i in range(0, len(ids) - 1, runner.prefill_chunk):
+            runner.forward(ids[i:min(i + runner.prefill_chunk, len(ids) - 1)], logits_to_keep=1)
         out, last = [], ids[-1]
         for _ in range(max_tokens):
-            logits = model(input_ids=torch.tensor([[last]]), use_cache=True, **{cache_kw: cache}).logits[0, -1]
+            logits = runner.forward([last])[-1]
             last = int(prompt.limit(logits.float(), out).argmax())
             if last in engine.models.end_ids:
                 break
             out.append(last)
+        runner.discard()
     return prompt.text(out)
 
 
@@ -110,7 +160,10 @@ def test_every_drafter_is_lossless_at_every_weight_format(tiny_model_dir, tiny_d
                                  weights=fmt, draft_weights="int8", max_tokens=40))
     engine.load()
     try:
-        assert engine.info()["weights"] == fmt and engine.info()["draft_weights"] == "int8"
+        info = engine.info()
+        assert info["weights"] == fmt
+        drafting = engine.models.target_runner.verify_exact
+        assert (info["drafting_off"] == "") == drafting
         partial = 0
         for i, (prefix, suffix) in enumerate(random_prompts(10, seed=11)):
             base = CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=40)
@@ -121,7 +174,11 @@ def test_every_drafter_is_lossless_at_every_weight_format(tiny_model_dir, tiny_d
                 assert result.text == expected, f"{fmt}, prompt {i}, drafter {mode}"
                 s = result.stats
                 partial += mode == "model" and 0 < s.accepted_tokens < s.drafted_tokens
-        assert partial >= 3  # drafts were partly accepted, not only all or nothing
+                if not drafting:
+                    assert s.drafted_tokens == 0  # a format whose verify rows are inexact decodes plainly
+        if drafting:
+            assert info["draft_weights"] == "int8"
+            assert partial >= 3  # drafts were partly accepted, not only all or nothing
     finally:
         engine.close()
 
@@ -204,6 +261,28 @@ def test_quality_gate_verdicts():
     passed, why = quality_gate.eligible_formats("unmeasured", measured)
     assert passed == ["fp32", "bf16"] and "every measured model" in why
     assert quality_gate.eligible_formats("x", {})[0] == ["fp32"]
+
+
+def test_the_gate_keeps_a_format_out_only_when_its_interval_says_it_loses_more_than_two_points():
+    entry = {"cases": 400, "first_line_exact": {"fp32": 20.0, "int8": 17.0, "int4": 16.0},
+             "versus_fp32": {"int8": {"ci95": [-5.5, -0.5]}, "int4": {"ci95": [-7.0, -2.5]}}}
+    # int8's point estimate is 3 points down, but the interval reaches -0.5: no evidence it loses > 2
+    assert quality_gate.verdicts(entry) == {"fp32": True, "int8": True, "int4": False}
+
+
+def test_paired_difference_interval_and_mcnemar():
+    from decoding.bench.metrics import RunRecord, paired_difference
+
+    def records(hits):
+        return {f"c{i}": RunRecord(mode="none", case_id=f"c{i}", language="python", first_line_exact=h)
+                for i, h in enumerate(hits)}
+
+    same = records([True, False] * 50)
+    tie = paired_difference(same, same)
+    assert tie["difference_points"] == 0.0 and tie["ci95"] == [0.0, 0.0] and tie["mcnemar_p"] == 1.0
+    worse = paired_difference(records([False] * 30 + [True, False] * 35), records([True] * 30 + [True, False] * 35))
+    assert worse["difference_points"] == -30.0 and worse["ci95"][1] < -2 and worse["mcnemar_p"] < 1e-6
+    assert worse["only_reference_right"] == 30 and worse["only_this_right"] == 0
 
 
 def test_engine_reports_the_weights_it_chose(tiny_model_dir, tmp_path, monkeypatch):

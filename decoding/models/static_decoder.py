@@ -1,0 +1,282 @@
+"""The target's forward written for fixed shapes (gpt-fast style), so that every row it computes is
+exactly the row a one-token step computes, and so that `torch.compile` can fuse it.
+
+A forward takes `n` token ids at consecutive positions from `start` and appends their keys and
+values to the cache. Its cost has three parts: the linear layers (the weights read once per
+forward), attention (compute that grows with `n` times the keys read), and a few hundred small
+element-wise ops (what eager PyTorch pays per op; what compilation fuses away).
+
+Why each row is exact, whatever `n` and however the sequence was split into forwards:
+- the linear layers compute each row on its own (int8: integer products of a row quantized with
+  its own scale; int4: ATen's kernel, which runs rows independently);
+- a row at position p attends over a window of keys that depends on p alone (the first
+  roundup(p + 1, WINDOW_STEP) cache positions, later ones masked): a longer window would change how
+  the row's sums are split even where its extra keys are masked, so rows of one forward whose
+  windows differ are computed in one batched matmul per window;
+- norms and softmax reduce along a row.
+So the cache a prompt leaves is the same bit for bit whether it was read at once, in chunks or one
+token at a time, and a verify row is a decode step. The exactness probe (decoding/runners/
+exactness.py) checks the kernels keep that promise on the device.
+
+Supported: Llama-family decoders (Qwen2, Llama, Mistral) with plain rotary embeddings. Others run
+on transformers' own forward (decoding/runners/hf.py).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from decoding.models.weights import compute_dtype, int4_groups, int8_rows
+
+ARCHITECTURES = ("qwen2", "llama", "mistral")
+# int4 group size along the input dimension. Measured with ATen's CPU kernel on the 0.5B's shapes
+# (2-core AMD EPYC): groups of 32 cost ~10% more than 128 for one row and ~20% less for four rows
+# (the widths speculation uses), and they quantize more finely.
+INT4_GROUP = 32
+# Attention windows grow in steps of this many positions: a step costs a row at most this many masked
+# keys, and a forward of up to this many rows spans at most two windows.
+WINDOW_STEP = 128
+# Positions the KV buffer holds at first (the default prompt budget, generation and a draft fit);
+# it grows when a longer sequence comes.
+STATIC_CONTEXT = 2048
+
+
+def unsupported(config, max_len: int) -> str | None:
+    """Why this model cannot run on the static forward, or None."""
+    text = config.get_text_config()
+    if text.model_type not in ARCHITECTURES:
+        return f"architecture {text.model_type} (the static forward knows {', '.join(ARCHITECTURES)})"
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        return f"rotary scaling {rope.get('rope_type', rope.get('type'))}"
+    if getattr(text, "hidden_act", "silu") != "silu":
+        return f"activation {text.hidden_act}"
+    window = getattr(text, "sliding_window", None)
+    if window and getattr(text, "use_sliding_window", text.model_type == "mistral") and window < max_len:
+        return f"a sliding window of {window} tokens"
+    if getattr(text, "mlp_bias", False):
+        return "biases in the MLP"
+    return None
+
+
+# Attention matmuls get at least this many rows: BLAS computes a matrix of one or two rows with
+# other kernels than a taller one (seen with fp32 and 2 query heads per key head), which would make
+# a one-token step differ from the same row in a verify forward. Padding rows cost next to nothing.
+MIN_ATTENTION_ROWS = 8
+
+
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    rows = a.shape[1]
+    if rows >= MIN_ATTENTION_ROWS:
+        return torch.bmm(a, b)
+    return torch.bmm(F.pad(a, (0, 0, 0, MIN_ATTENTION_ROWS - rows)), b)[:, :rows]
+
+
+class Int8Rows(nn.Module):
+    """y = dequant(int8(x) @ int8(W).T) + bias: one scale per input row and per output channel.
+    Integer sums are exact in any order, so a row's result never depends on the other rows."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        qweight, scale = int8_rows(weight)
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        x_scale = (x.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
+        xq = torch.round(x / x_scale).clamp(-127, 127).to(torch.int8)
+        # qweight is [out, in]: its transpose is the layout oneDNN reads fastest for few rows
+        y = torch._int_mm(xq, self.qweight.t()).float() * x_scale * self.scale
+        return y if self.bias is None else y + self.bias
+
+
+class Int4Groups(nn.Module):
+    """Asymmetric int4 weights in groups along the input dimension, bf16 activations (ATen's CPU
+    kernel, `_weight_int4pack_mm_for_cpu`, which computes each row on its own)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int):
+        super().__init__()
+        packed, scales_and_zeros = int4_groups(weight, group)
+        self.group = group
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group, self.scales_and_zeros)
+        return y if self.bias is None else y + self.bias
+
+
+class Dense(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("weight", weight.detach().to(dtype).clone())
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+
+
+def _linear(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | None]) -> nn.Module:
+    """One layer computing several projections of the same input (their outputs side by side): one
+    weight read and one activation quantization instead of several."""
+    weight = torch.cat([w.detach().float() for w in weights])
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.detach().float() if b is not None else torch.zeros(w.shape[0])
+                          for w, b in zip(weights, biases)])
+    if fmt == "int8":
+        return Int8Rows(weight, bias)
+    if fmt == "int4" and weight.shape[0] % 8 == 0 and weight.shape[1] % INT4_GROUP == 0:
+        return Int4Groups(weight, bias, INT4_GROUP)
+    return Dense(weight, bias, compute_dtype(fmt))
+
+
+class Embedding(nn.Module):
+    """int8 rows with a scale each for the quantized formats (a quarter of a 0.5B model's weights,
+    one row read per token), else the table in the compute dtype."""
+
+    def __init__(self, table: torch.Tensor, fmt: str, tied_head: "Int8Rows | None" = None):
+        super().__init__()
+        self.out_dtype = compute_dtype(fmt)
+        self.quantized = fmt in ("int8", "int4")
+        if self.quantized and tied_head is not None:  # the lm_head's int8 rows are this table's: store them once
+            self.table, self.scale = tied_head.qweight, tied_head.scale
+        elif self.quantized:
+            qweight, scale = int8_rows(table)
+            self.register_buffer("table", qweight)
+            self.register_buffer("scale", scale)
+        else:
+            self.register_buffer("table", table.detach().to(self.out_dtype).clone())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized:
+            return (F.embedding(ids, self.table).float() * self.scale[ids].unsqueeze(-1)).to(self.out_dtype)
+        return F.embedding(ids, self.table)
+
+
+class Block(nn.Module):
+    def __init__(self, layer, fmt: str, dtype: torch.dtype):
+        super().__init__()
+        a, m = layer.self_attn, layer.mlp
+        self.qkv = _linear(fmt, [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight],
+                           [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+        self.o = _linear(fmt, [a.o_proj.weight], [a.o_proj.bias])
+        self.gate_up = _linear(fmt, [m.gate_proj.weight, m.up_proj.weight], [None, None])
+        self.down = _linear(fmt, [m.down_proj.weight], [None])
+        self.register_buffer("norm1", layer.input_layernorm.weight.detach().to(dtype).clone())
+        self.register_buffer("norm2", layer.post_attention_layernorm.weight.detach().to(dtype).clone())
+
+
+class StaticDecoder(nn.Module):
+    """A Llama-family decoder with its KV cache in place, built from a transformers model's weights
+    in a format (int8, int4; the float formats work too, for tests and comparisons)."""
+
+    static_forward = True  # decoding.runners.runner_for: run it on StaticRunner
+
+    def __init__(self, hf_model, fmt: str, max_len: int):
+        super().__init__()
+        cfg = hf_model.config.get_text_config()
+        self.config = hf_model.config
+        self.format, self.dtype = fmt, compute_dtype(fmt)
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.group = self.heads // self.kv_heads
+        self.eps = cfg.rms_norm_eps
+        self.vocab_size = cfg.vocab_size
+        inner = hf_model.model
+        self.blocks = nn.ModuleList(Block(layer, fmt, self.dtype) for layer in inner.layers)
+        self.register_buffer("norm", inner.norm.weight.detach().to(self.dtype).clone())
+        # The lm_head reads a quarter of a 0.5B model's bytes each step: int8 for both quantized formats.
+        head = hf_model.lm_head.weight
+        self.lm_head = _linear("int8" if fmt in ("int8", "int4") else fmt, [head], [hf_model.lm_head.bias])
+        table = inner.embed_tokens.weight
+        tied = head.data_ptr() == table.data_ptr() and isinstance(self.lm_head, Int8Rows) and self.lm_head.bias is None
+        self.embed = Embedding(table, fmt, self.lm_head if tied else None)
+        theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        self.rope_theta = float(theta)
+        self.max_len = 0
+        self.resize(-(-max_len // WINDOW_STEP) * WINDOW_STEP)
+
+    def resize(self, max_len: int) -> None:
+        """(Re)allocate the KV cache and rotary tables for positions 0..max_len-1 (forgets the cache)."""
+        shape = (len(self.blocks), self.kv_heads, max_len, self.head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=self.dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=self.dtype), persistent=False)
+        # transformers' default rotary embedding, computed the same way (fp32, then the compute dtype)
+        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim))
+        freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        angles = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", angles.cos().to(self.dtype), persistent=False)
+        self.register_buffer("sin", angles.sin().to(self.dtype), persistent=False)
+        self.max_len = max_len
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * len(self.blocks) * self.kv_heads * self.head_dim * self.k_cache.element_size()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = self.head_dim // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+    @staticmethod
+    def window_groups(start: int, n: int) -> list[tuple[int, int, int]]:
+        """Rows start..start+n-1 as (first row, end row, window) runs of equal window."""
+        groups, row = [], 0
+        while row < n:
+            window = ((start + row) // WINDOW_STEP + 1) * WINDOW_STEP
+            end = min(n, window - start)
+            groups.append((row, end, window))
+            row = end
+        return groups
+
+    def grow(self, length: int) -> None:
+        """Make room for `length` positions, keeping the cache's contents."""
+        if length <= self.max_len:
+            return
+        keep_k, keep_v = self.k_cache, self.v_cache
+        self.resize(-(-max(length, self.max_len * 3 // 2) // WINDOW_STEP) * WINDOW_STEP)
+        self.k_cache[:, :, :keep_k.shape[2]] = keep_k
+        self.v_cache[:, :, :keep_v.shape[2]] = keep_v
+
+    def forward(self, ids: torch.Tensor, start: int, keep: int) -> torch.Tensor:
+        """Append ids' keys and values at positions start.. and return the float32 logits of the
+        last `keep` rows [keep, V]."""
+        n = ids.shape[0]
+        self.grow(start + n)
+        h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
+        pos = torch.arange(start, start + n)
+        groups = self.window_groups(start, n)
+        masks = [(torch.arange(w).unsqueeze(0) <= pos[a:b].unsqueeze(1)).unsqueeze(0).expand(g, b - a, w)
+                 .reshape(1, g * (b - a), w) for a, b, w in groups]
+        x = self.embed(ids)
+        cos, sin = self.cos[start:start + n].unsqueeze(1), self.sin[start:start + n].unsqueeze(1)
+        scale = d ** -0.5
+        for i, block in enumerate(self.blocks):
+            qkv = block.qkv(self._norm(x, block.norm1)).to(self.dtype)
+            q = self._rotate(qkv[:, :h * d].view(n, h, d), cos, sin)
+            k = self._rotate(qkv[:, h * d:(h + kvh) * d].view(n, kvh, d), cos, sin)
+            v = qkv[:, (h + kvh) * d:].view(n, kvh, d)
+            self.k_cache[i, :, start:start + n] = k.transpose(0, 1)
+            self.v_cache[i, :, start:start + n] = v.transpose(0, 1)
+            # Query rows grouped per key/value head as (group member, token): [kvh, g, n, d]
+            rows = (q * scale).view(n, kvh, g, d).permute(1, 2, 0, 3)
+            parts = []
+            for (a, b, w), visible in zip(groups, masks):
+                m = b - a
+                scores = _bmm(rows[:, :, a:b].reshape(kvh, g * m, d), self.k_cache[i, :, :w].transpose(1, 2))
+                probs = torch.softmax(scores.float().masked_fill(~visible, float("-inf")), dim=-1).to(self.dtype)
+                parts.append(_bmm(probs, self.v_cache[i, :, :w]).view(kvh, g, m, d))
+            attended = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+            x = x + block.o(attended.permute(2, 0, 1, 3).reshape(n, h * d)).to(self.dtype)
+            gate_up = block.gate_up(self._norm(x, block.norm2))
+            half = gate_up.shape[1] // 2
+            x = x + block.down((F.silu(gate_up[:, :half]) * gate_up[:, half:]).to(self.dtype)).to(self.dtype)
+        return self.lm_head(self._norm(x[n - keep:], self.norm)).float()
