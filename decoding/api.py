@@ -44,7 +44,8 @@ class CompletionRequest:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
-    time_limit_s: float | None = None  # stop (stopped="time_limit") after this much decode time
+    time_limit_s: float | None = None  # stop (stopped="time_limit") after this much generation time, counted
+    # from the end of prompt reading
     alternatives: int = 0  # other suggestions wanted after the greedy one (decoding/alternatives.py)
     # Text the user is probably typing next (the rest of a suggestion on screen): the suggestion
     # drafter proposes it and the target verifies it, so a wrong hint costs one forward, never output.

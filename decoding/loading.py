@@ -20,7 +20,7 @@ Progress = Callable[[str, "float | None"], None]
 @dataclass
 class LoadedModels:
     target: Any  # decoding.models.loading.LoadedModel
-    weights: Any  # decoding.models.weight_choice.WeightsChoice of the target
+    weights: Any  # decoding.weight_choice.WeightsChoice of the target
     prompts: Any  # decoding.prompt.PromptBuilder
     end_ids: frozenset[int]
     target_runner: Any  # decoding.runners.base.Runner
@@ -33,9 +33,17 @@ class LoadedModels:
     draft_left_out: bool = False  # `auto` did not keep the draft model: it cannot pay on this device
     drafting_off: str = ""  # why every request decodes plainly (the target's verify is not row-exact here)
     healing: Any = None  # decoding.healing.BlankHealing for the target's vocabulary
+    max_tokens: int = 64  # EngineConfig.max_tokens: a request's default
 
     def prompt_parts(self, request):
-        """A decoding.api.CompletionRequest's prompt: decoding.prompt.PromptParts, its blanks healed."""
+        """A decoding.api.CompletionRequest's prompt: decoding.prompt.PromptParts, its blanks healed.
+        Where the target's cache has a fixed size (llama.cpp's context), the prompt budget leaves room
+        in it for the completion and a draft."""
+        limit = getattr(self.target_runner, "context_limit", None)
+        if limit is not None:
+            room = (request.max_tokens or self.max_tokens) + 18  # a 16-token draft and the target's token
+            budget = min(request.context_tokens or self.prompts.budget, max(64, limit - room))
+            request = replace(request, context_tokens=budget)
         return self.prompts.build_request(request, heal=True)
 
     @property
@@ -73,13 +81,14 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     from decoding.drafters.lookup import LookupDrafter
     from decoding.drafters.suggestion import SuggestionDrafter
     from decoding.healing import BlankHealing
-    from decoding.models.weight_choice import load_weights
+    from decoding.weight_choice import load_weights
     from decoding.prompt import PromptBuilder, end_token_ids
     from decoding.runners import runner_for
 
     hf_logging.disable_progress_bar()
     progress(f"loading target {cfg.target}", 0.05)
-    target, weights = load_weights(cfg.target, cfg.weights, cfg.device, cfg.dtype, cfg.trust_remote_code, "target")
+    target, weights = load_weights(cfg.target, cfg.weights, cfg.device, cfg.dtype, cfg.trust_remote_code, "target",
+                                   context_tokens=cfg.context_tokens + cfg.max_tokens + 64)
     prompts = PromptBuilder(target.tokenizer, cfg.context_tokens)
     runner = runner_for(target, cfg.cache_mb * 1024 * 1024)
     progress("measuring forward costs on this device", 0.5)
@@ -88,7 +97,7 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
                      max_draft=max(0, min(16, runner.exact_width - 1)))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
                           runner, cost, {"lookup": LookupDrafter(), "suggestion": SuggestionDrafter(target.tokenizer)},
-                          healing=BlankHealing(target.tokenizer, runner.vocab_size))
+                          healing=BlankHealing(target.tokenizer, runner.vocab_size), max_tokens=cfg.max_tokens)
     if not runner.verify_exact:
         models.drafting_off = (f"{target.weights} weights: a verify forward's logits differ from one-token steps' "
                                f"here (by up to {runner.verify_difference:.3g}), so drafting could change the text; "
@@ -111,7 +120,7 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
 
 def _add_draft_model(models: LoadedModels, cfg: EngineConfig) -> None:
     from decoding.drafters.draft_model import ModelDrafter
-    from decoding.models.weight_choice import load_weights
+    from decoding.weight_choice import load_weights
     from decoding.runners import runner_for
 
     free, need = _available_memory_bytes(models.target.device), _checkpoint_bytes(cfg.draft)

@@ -34,7 +34,7 @@ def build_plan(models: LoadedModels, config: EngineConfig, request: CompletionRe
     stats = RequestStats(drafter=mode)
     text_rule, final_rule = completion_rules(request.prefix, request.suffix, request.language, request.path,
                                              request.scope)
-    deadline = time.monotonic() + request.time_limit_s if request.time_limit_s else None
+    deadline = None  # request.time_limit_s: set when generation starts (decoding/request_run.py)
     prompt = models.prompt_parts(request)
     healing, decode = None, models.decode
     if prompt.healed:  # the text rules and the result see the completion without it

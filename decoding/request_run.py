@@ -3,6 +3,7 @@ loop; the result, and where and why it stopped."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from decoding import faults
 from decoding.api import CancelToken, CompletionResult
@@ -63,6 +64,10 @@ def _generate(models: LoadedModels, plan: RequestPlan, cancel: CancelToken,
     except Cancelled:  # raised between prefill chunks: the cache is consistent
         return [], Stop("cancelled", 0)
     plan.stats.prefill_ms = (time.perf_counter() - started) * 1000
+    # maxTimeMs caps generation, as the settings say: its clock starts once the prompt is read (a cold
+    # prompt's seconds of prefill on a CPU must not cut every suggestion at its first line end)
+    if request.time_limit_s:
+        plan.rule = replace(plan.rule, deadline=time.monotonic() + request.time_limit_s)
     # The draft model reads the prompt when it first drafts, if the policy lets it: on a CPU that
     # reading can cost more than its drafts save (see CostModel.price).
     plan.policy.begin(plan.prompt, request, plan.sampler, cancel, plan.healing)

@@ -77,7 +77,8 @@ class LlamaCppModel:
         """Feed ids at positions position..; the logits [keep, V] of the last `keep` of them."""
         batch, n = self.batch, len(ids)
         if n > MAX_FORWARD or position + n > self.n_ctx:
-            raise ValueError(f"{n} tokens at position {position} do not fit (batch {MAX_FORWARD}, context {self.n_ctx})")
+            raise RuntimeError(f"{n} tokens at position {position} do not fit llama.cpp's context "
+                               f"(batch {MAX_FORWARD}, context {self.n_ctx} tokens)")
         for i, token in enumerate(ids):
             batch.token[i], batch.pos[i] = token, position + i
             batch.n_seq_id[i], batch.seq_id[i][0] = 1, SEQ

@@ -10,13 +10,15 @@ from typing import Any
 
 from decoding.errors import ModelLoadError, ModelNotAvailable, ModelSpecError
 from decoding.models import pack
+from decoding.models.pack import gguf_file  # noqa: F401  (where callers found it before)
 from decoding.models.specs import PRESETS, ModelSpec, parse_model_spec
 
 log = logging.getLogger(__name__)
 
 HUB_HOST = "huggingface.co"
-# llama.cpp's context for the gguf format: the prompt budget (1,536 by default) plus generation and
-# drafts, with room to spare (~12 KB a token for the 0.5B, ~28 KB for the 1.5B)
+# llama.cpp's context for the gguf format, at least: the default prompt budget plus generation and
+# drafts, with room to spare (~12 KB a token for the 0.5B, ~28 KB for the 1.5B). A larger configured
+# budget gets a larger context; a request asking for more than the context holds is fitted to it.
 GGUF_CONTEXT_TOKENS = 4096
 
 
@@ -55,6 +57,23 @@ def resolve_device(device: str = "auto", dtype: str = "auto"):
     if dtype not in names:
         raise ModelSpecError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
     return dev, names[dtype]
+
+
+def device_key(device) -> str:
+    import platform
+
+    import torch
+
+    if device.type != "cpu":
+        return str(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return (f"cpu {cpu} / {torch.backends.cpu.get_cpu_capability()} / torch {torch.__version__} / "
+            f"{torch.get_num_threads()} threads")
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -104,8 +123,9 @@ def model_source(spec: ModelSpec) -> tuple[str, dict]:
 
 
 def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_remote_code: bool = False,
-               role: str = "target", weights: str | None = None) -> LoadedModel:
-    """weights: a format of decoding.models.weights (fp32, bf16, int8, int4, gguf); None: `dtype` decides."""
+               role: str = "target", weights: str | None = None, context_tokens: int = GGUF_CONTEXT_TOKENS) -> LoadedModel:
+    """weights: a format of decoding.models.weights (fp32, bf16, int8, int4, gguf); None: `dtype` decides.
+    context_tokens: positions llama.cpp's context holds (gguf); prompts are fitted to it."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -123,7 +143,7 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
         if problem := formats.kernel_problem(weights, dev, spec_text):
             raise ModelSpecError(problem)
         if weights == formats.GGUF:
-            return _load_gguf(spec_text, spec, dev, trust_remote_code)
+            return _load_gguf(spec_text, spec, dev, trust_remote_code, context_tokens)
         # quantized formats read the fp32 weights, so every load of a format gives the same model
         torch_dtype = formats.load_dtype(weights)
     source, extra = model_source(spec)
@@ -171,22 +191,7 @@ def _quantized(model, fmt: str, device):
     return formats.convert(model, fmt)
 
 
-def gguf_file(spec_text: str) -> Path | None:
-    """The model's GGUF file: a preset's next to its weights, a .gguf spec itself, or one in an HF
-    directory."""
-    spec = parse_model_spec(spec_text)
-    if spec.kind == "gguf":
-        return Path(spec.value)
-    if spec.preset is not None:
-        path = pack.preset_dir(spec.preset) / spec.preset.gguf_name
-        return path if path.is_file() else None
-    if spec.kind == "hf_dir":
-        found = sorted(Path(spec.value).glob("*.gguf"))
-        return found[0] if found else None
-    return None
-
-
-def _load_gguf(spec_text: str, spec: ModelSpec, device, trust_remote_code: bool) -> LoadedModel:
+def _load_gguf(spec_text: str, spec: ModelSpec, device, trust_remote_code: bool, context_tokens: int) -> LoadedModel:
     """The `gguf` format: llama.cpp runs the GGUF file; the tokenizer is the model's own (the same
     vocabulary: a preset's safetensors and tokenizer were made from that file)."""
     import torch
@@ -194,7 +199,7 @@ def _load_gguf(spec_text: str, spec: ModelSpec, device, trust_remote_code: bool)
     from decoding.models.llamacpp_model import LlamaCppModel
 
     tokenizer = _tokenizer(*model_source(spec), trust_remote_code)
-    model = LlamaCppModel(gguf_file(spec_text), GGUF_CONTEXT_TOKENS)
+    model = LlamaCppModel(gguf_file(spec_text), max(GGUF_CONTEXT_TOKENS, context_tokens))
     if model.vocab_size < len(tokenizer):
         model.close()
         raise ModelLoadError(f"{model.path.name} has {model.vocab_size} tokens, its tokenizer {len(tokenizer)}")

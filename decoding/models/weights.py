@@ -288,7 +288,7 @@ def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None)
 
 def _gguf_problem(device: torch.device, spec_text: str | None) -> str | None:
     from decoding.models import llamacpp_model
-    from decoding.models.loading import gguf_file
+    from decoding.models.pack import gguf_file
 
     if device.type != "cpu":
         return f"gguf weights run on llama.cpp's CPU build here; this device is {device.type}"

@@ -67,7 +67,8 @@ def probe(runner, widths: range | None = None, limit: int | None = None) -> dict
 
 
 def _key(runner) -> str | None:
-    from decoding.models.weight_choice import device_key, model_key
+    from decoding.models.loading import device_key
+    from decoding.models.specs import model_key
 
     loaded = runner.loaded
     if loaded.spec is None:

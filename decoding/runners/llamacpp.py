@@ -34,6 +34,11 @@ class LlamaCppRunner(OneLiveCache):
     def max_positions(self) -> int:
         return self.model.n_ctx
 
+    @property
+    def context_limit(self) -> int:
+        """llama.cpp's context cannot grow: prompts are fitted to it (LoadedModels.prompt_parts)."""
+        return self.model.n_ctx
+
     def _live_decode(self, ids: list[int], position: int, keep: int) -> torch.Tensor:
         return torch.from_numpy(self.model.decode(ids, position, keep))
 

@@ -162,6 +162,39 @@ def test_a_time_limit_returns_the_part_generated_so_far(engine):
     assert whole.text.startswith(capped.text)
 
 
+def test_the_time_limit_counts_generation_not_the_prompt_read(engine, monkeypatch):
+    """maxTimeMs caps a suggestion's generation: a slow prompt read (a cold prompt on a CPU) must not
+    use it up, or every cold suggestion would stop at its first line end."""
+    runner = engine.models.target_runner
+    slow_sync = runner.sync
+
+    def sync(*args, **kwargs):
+        time.sleep(0.3)  # reading the prompt takes longer than the whole cap
+        return slow_sync(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "sync", sync)
+    prefix = "class Stack:\n    def push(self, item):\n        "
+    result = engine.complete(CompletionRequest(prefix=prefix, scope="full", max_tokens=24, drafter="none",
+                                               document="slow-prompt", time_limit_s=0.2))
+    assert result.stats.prefill_ms >= 300
+    assert result.stats.stopped != "time_limit" and result.stats.generated_tokens > 1
+
+
+def test_a_prompt_is_fitted_to_a_cache_of_fixed_size(engine, monkeypatch):
+    """llama.cpp's context cannot grow (the gguf format): a request whose budget is larger than the
+    context gets a prompt that leaves room in it for the completion and a draft, not an error."""
+    runner = engine.models.target_runner
+    monkeypatch.setattr(runner, "context_limit", 160, raising=False)
+    prefix = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(200))
+    result = engine.complete(CompletionRequest(prefix=prefix, scope="full", max_tokens=24, context_tokens=100_000,
+                                               document="fitted"))
+    assert result.stats.prompt_tokens <= 160 - 24 - 17 and result.stats.generated_tokens > 0
+    monkeypatch.setattr(runner, "context_limit", None)
+    unbounded = engine.complete(CompletionRequest(prefix=prefix, scope="full", max_tokens=24, context_tokens=100_000,
+                                                  document="unbounded"))
+    assert unbounded.stats.prompt_tokens > 1000
+
+
 def test_the_model_drafter_named_at_runtime_loads_the_draft_model_that_auto_left_out(tiny_model_dir, monkeypatch):
     """`auto` leaves out a draft model that cannot pay on this device; a request that names the model
     drafter later must get it, not plain decoding. (Tiny models' forward times are all overhead, so

@@ -13,7 +13,7 @@ from decoding.engine import Engine
 from decoding.models import quality_gate, weights
 from decoding.models.loading import load_model
 from decoding.models.specs import parse_model_spec
-from decoding.models.weight_choice import WORKLOADS, FormatTiming, TimingCache, WeightsChoice, choose_and_load
+from decoding.weight_choice import WORKLOADS, FormatTiming, TimingCache, WeightsChoice, choose_and_load
 from decoding.runners.hf import ModelRunner
 from tests.engine.healed import HealedPrompt
 
@@ -213,8 +213,8 @@ def test_auto_picks_the_fastest_eligible_format_and_keeps_its_timings(tmp_path, 
     spec = parse_model_spec("qwen2.5-coder-0.5b")
     table = fake_timings(fp32=5.0, bf16=2.0, int8=1.0, int4=0.5, gguf=0.8)
     timed: list[str] = []
-    monkeypatch.setattr("decoding.models.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
-    monkeypatch.setattr("decoding.models.weight_choice.time_format",
+    monkeypatch.setattr("decoding.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
+    monkeypatch.setattr("decoding.weight_choice.time_format",
                         lambda loaded: timed.append(loaded.weights) or table[loaded.weights])
     gate = lambda key: (["fp32", "bf16", "int8"], "test gate")  # int4 and gguf are faster but fail the gate
     cache = TimingCache(tmp_path / "timings.json")
@@ -234,9 +234,9 @@ def test_auto_picks_the_fastest_eligible_format_and_keeps_its_timings(tmp_path, 
 
 def test_a_format_whose_kernel_fails_is_skipped_with_one_log_line(tmp_path, monkeypatch, caplog):
     spec = parse_model_spec("qwen2.5-coder-0.5b")
-    monkeypatch.setattr("decoding.models.weight_choice.kernel_problem",
+    monkeypatch.setattr("decoding.weight_choice.kernel_problem",
                         lambda fmt, device, spec=None: "no int8 kernel here" if fmt == "int8" else None)
-    monkeypatch.setattr("decoding.models.weight_choice.time_format",
+    monkeypatch.setattr("decoding.weight_choice.time_format",
                         lambda loaded: fake_timings(fp32=3.0, int8=1.0)[loaded.weights])
     with caplog.at_level(logging.WARNING):
         loaded, choice = choose_and_load(spec, torch.device("cpu"), "target", FakeLoaded,
@@ -247,7 +247,7 @@ def test_a_format_whose_kernel_fails_is_skipped_with_one_log_line(tmp_path, monk
 
 def test_cuda_gets_bf16_without_timing(monkeypatch):
     """No GPU here: a fake loader stands in for loading onto CUDA; only the decision is tested."""
-    monkeypatch.setattr("decoding.models.weight_choice.time_format", lambda loaded: pytest.fail("timed on CUDA"))
+    monkeypatch.setattr("decoding.weight_choice.time_format", lambda loaded: pytest.fail("timed on CUDA"))
     loaded, choice = choose_and_load(parse_model_spec("qwen2.5-coder-0.5b"), torch.device("cuda"), "target",
                                      FakeLoaded)
     assert loaded.weights == choice.format == "bf16"

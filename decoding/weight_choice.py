@@ -19,6 +19,8 @@ from typing import Callable
 
 from decoding.errors import DraftwiseError
 from decoding.models import paths, quality_gate
+from decoding.models.loading import device_key
+from decoding.models.specs import model_key
 from decoding.models.weights import FORMATS, kernel_problem
 
 log = logging.getLogger(__name__)
@@ -90,28 +92,6 @@ def time_format(loaded, context: int = 128, repeats: int = 3) -> FormatTiming:
     prefill = timed(256, keep=1)
     runner.discard()
     return FormatTiming(round(decode * 1000, 2), round(verify * 1000, 2), round(256 / prefill, 1), runner.verify_exact)
-
-
-def device_key(device) -> str:
-    import platform
-
-    import torch
-
-    if device.type != "cpu":
-        return str(device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return (f"cpu {cpu} / {torch.backends.cpu.get_cpu_capability()} / torch {torch.__version__} / "
-            f"{torch.get_num_threads()} threads")
-
-
-def model_key(spec) -> str:
-    """The quality gate's and the timing cache's name for a model: its preset, else its path."""
-    return spec.preset.name if spec.preset else spec.value
 
 
 class TimingCache:
@@ -214,7 +194,8 @@ DTYPE_FORMATS = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": 
                  "fp16": "fp16"}
 
 
-def load_weights(spec_text: str, requested: str, device: str, dtype: str, trust_remote_code: bool, role: str):
+def load_weights(spec_text: str, requested: str, device: str, dtype: str, trust_remote_code: bool, role: str,
+                 context_tokens: int | None = None):
     """Load a model in the requested weight format, `auto` included. Returns (LoadedModel, WeightsChoice)."""
     from decoding.api import WEIGHT_FORMATS
     from decoding.errors import ModelSpecError
@@ -225,7 +206,8 @@ def load_weights(spec_text: str, requested: str, device: str, dtype: str, trust_
         raise ModelSpecError(f"unknown weights '{requested}': use one of {', '.join(WEIGHT_FORMATS)}")
 
     def load(fmt: str):
-        return load_model(spec_text, device, dtype, trust_remote_code, role, weights=fmt)
+        extra = {"context_tokens": context_tokens} if context_tokens else {}
+        return load_model(spec_text, device, dtype, trust_remote_code, role, weights=fmt, **extra)
 
     if requested != "auto":
         return load(requested), WeightsChoice(requested, f"{requested}, as asked")
