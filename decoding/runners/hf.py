@@ -26,6 +26,9 @@ class ModelRunner(Runner):
     """Each request takes a DynamicCache from the store and hands it back when done."""
 
     path = "eager"
+    # A DynamicCache has no end: the exactness probe's "near the end" position is taken here, past the
+    # default prompt budget, where reading a real prompt up to it stays affordable at load.
+    max_positions = 1024
 
     def __init__(self, loaded: LoadedModel, cache_budget_bytes: int, role: str = "target"):
         self._init_bookkeeping(role, loaded)

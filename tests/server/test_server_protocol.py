@@ -100,6 +100,9 @@ async def test_stats_describe_the_loaded_model(vscode, tiny_model_dir):
     assert s["weights"] in ("fp32", "bf16", "int8", "int4", "gguf") and s["weightsReason"]
     assert s["dtype"] == ("bfloat16" if s["weights"] in ("bf16", "int4") else "float32")
     assert set(s) >= {"last", "cumulative", "requests", "suggestions"}
+    # which forward runs, and whether drafting is lossless on it (the exactness probe's verdict)
+    assert s["forward"] in ("eager", "llama.cpp") and set(s["verify"]) == {"exact_width", "lossless"}
+    assert s["verify"]["lossless"] == (s["verify"]["exact_width"] >= 2) == (s["draftingOff"] is None)
 
 
 # ---- completions ----------------------------------------------------------------------------------
