@@ -184,8 +184,6 @@ class EngineHost:
             "weights": info.get("weights") or config.weights,
             "weightsReason": info.get("weights_reason"),
             "draftWeights": info.get("draft_weights") or (config.draft_weights if config.draft else None),
-            "forward": info.get("forward"),
-            "verify": info.get("verify"),
             "fimTemplate": info.get("fim_template"),
             "draftNote": info.get("draft_note") or None,
             "draftingOff": info.get("drafting_off") or None,
@@ -195,6 +193,10 @@ class EngineHost:
             # idle work: prompt tokens read ahead, read-aheads and prefetches run, how many were cancelled
             "idle": engine_stats.get("idle", {}),
             "remote": remote,
+            # the forward that runs and the exactness probe's verdict (listed last: the editors' stats
+            # views show the request figures first)
+            "forward": info.get("forward"),
+            "verify": info.get("verify"),
         }
 
     # ---- shutdown ------------------------------------------------------------------------------
