@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from decoding.models.weights import compute_dtype, int4_groups, int8_rows
+from decoding.models.weights import Int4Linear, Int8Embedding, Int8Linear, compute_dtype, int4_groups, int8_rows
 
 ARCHITECTURES = ("qwen2", "llama", "mistral")
 # int4 group size along the input dimension. Measured with ATen's CPU kernel on the 0.5B's shapes
@@ -73,43 +73,6 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(F.pad(a, (0, 0, 0, MIN_ATTENTION_ROWS - rows)), b)[:, :rows]
 
 
-class Int8Rows(nn.Module):
-    """y = dequant(int8(x) @ int8(W).T) + bias: one scale per input row and per output channel.
-    Integer sums are exact in any order, so a row's result never depends on the other rows."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__()
-        qweight, scale = int8_rows(weight)
-        self.register_buffer("qweight", qweight)
-        self.register_buffer("scale", scale)
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.float()
-        x_scale = (x.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
-        xq = torch.round(x / x_scale).clamp(-127, 127).to(torch.int8)
-        # qweight is [out, in]: its transpose is the layout oneDNN reads fastest for few rows
-        y = torch._int_mm(xq, self.qweight.t()).float() * x_scale * self.scale
-        return y if self.bias is None else y + self.bias
-
-
-class Int4Groups(nn.Module):
-    """Asymmetric int4 weights in groups along the input dimension, bf16 activations (ATen's CPU
-    kernel, `_weight_int4pack_mm_for_cpu`, which computes each row on its own)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int):
-        super().__init__()
-        packed, scales_and_zeros = int4_groups(weight, group)
-        self.group = group
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales_and_zeros", scales_and_zeros)
-        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, self.group, self.scales_and_zeros)
-        return y if self.bias is None else y + self.bias
-
-
 class Dense(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
         super().__init__()
@@ -128,34 +91,15 @@ def _linear(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | N
     if any(b is not None for b in biases):
         bias = torch.cat([b.detach().float() if b is not None else torch.zeros(w.shape[0])
                           for w, b in zip(weights, biases)])
+    # int8 computes each row with its own scale and sums integers; the int4 kernel runs rows on
+    # their own: a row's result never depends on the other rows
     if fmt == "int8":
-        return Int8Rows(weight, bias)
-    if fmt == "int4" and weight.shape[0] % 8 == 0 and weight.shape[1] % INT4_GROUP == 0:
-        return Int4Groups(weight, bias, INT4_GROUP)
+        return Int8Linear(*int8_rows(weight), bias)
+    out_features, in_features = weight.shape
+    if fmt == "int4" and out_features % 8 == 0 and in_features % INT4_GROUP == 0:
+        return Int4Linear(*int4_groups(weight, INT4_GROUP), INT4_GROUP, in_features, out_features,
+                          None if bias is None else bias.to(torch.bfloat16))
     return Dense(weight, bias, compute_dtype(fmt))
-
-
-class Embedding(nn.Module):
-    """int8 rows with a scale each for the quantized formats (a quarter of a 0.5B model's weights,
-    one row read per token), else the table in the compute dtype."""
-
-    def __init__(self, table: torch.Tensor, fmt: str, tied_head: "Int8Rows | None" = None):
-        super().__init__()
-        self.out_dtype = compute_dtype(fmt)
-        self.quantized = fmt in ("int8", "int4")
-        if self.quantized and tied_head is not None:  # the lm_head's int8 rows are this table's: store them once
-            self.table, self.scale = tied_head.qweight, tied_head.scale
-        elif self.quantized:
-            qweight, scale = int8_rows(table)
-            self.register_buffer("table", qweight)
-            self.register_buffer("scale", scale)
-        else:
-            self.register_buffer("table", table.detach().to(self.out_dtype).clone())
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self.quantized:
-            return (F.embedding(ids, self.table).float() * self.scale[ids].unsqueeze(-1)).to(self.out_dtype)
-        return F.embedding(ids, self.table)
 
 
 class Block(nn.Module):
@@ -193,9 +137,15 @@ class StaticDecoder(nn.Module):
         # The lm_head reads a quarter of a 0.5B model's bytes each step: int8 for both quantized formats.
         head = hf_model.lm_head.weight
         self.lm_head = _linear("int8" if fmt in ("int8", "int4") else fmt, [head], [hf_model.lm_head.bias])
+        # The embedding: int8 rows with a scale each for the quantized formats (as many bytes as the
+        # lm_head, one row read per token), the lm_head's own buffers where the checkpoint ties them
         table = inner.embed_tokens.weight
-        tied = head.data_ptr() == table.data_ptr() and isinstance(self.lm_head, Int8Rows) and self.lm_head.bias is None
-        self.embed = Embedding(table, fmt, self.lm_head if tied else None)
+        if isinstance(self.lm_head, Int8Linear):
+            tied = head.data_ptr() == table.data_ptr() and self.lm_head.bias is None
+            self.embed = Int8Embedding(self.lm_head.qweight, self.lm_head.scale) if tied else \
+                Int8Embedding(*int8_rows(table))
+        else:
+            self.embed = nn.Embedding.from_pretrained(table.detach().to(self.dtype).clone())
         theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         self.rope_theta = float(theta)
         self.max_len = 0
@@ -256,7 +206,7 @@ class StaticDecoder(nn.Module):
         groups = self.window_groups(start, n)
         masks = [(torch.arange(w).unsqueeze(0) <= pos[a:b].unsqueeze(1)).unsqueeze(0).expand(g, b - a, w)
                  .reshape(1, g * (b - a), w) for a, b, w in groups]
-        x = self.embed(ids)
+        x = self.embed(ids).to(self.dtype)
         cos, sin = self.cos[start:start + n].unsqueeze(1), self.sin[start:start + n].unsqueeze(1)
         scale = d ** -0.5
         for i, block in enumerate(self.blocks):
@@ -279,4 +229,5 @@ class StaticDecoder(nn.Module):
             gate_up = block.gate_up(self._norm(x, block.norm2))
             half = gate_up.shape[1] // 2
             x = x + block.down((F.silu(gate_up[:, :half]) * gate_up[:, half:]).to(self.dtype)).to(self.dtype)
-        return self.lm_head(self._norm(x[n - keep:], self.norm)).float()
+        # float logits from the int8 lm_head in both quantized formats (it returns its input's dtype)
+        return self.lm_head(self._norm(x[n - keep:], self.norm).float()).float()

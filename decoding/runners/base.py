@@ -112,7 +112,7 @@ class OneLiveCache(Runner):
     def _live_save(self) -> Any:
         raise NotImplementedError
 
-    def _live_restore(self, state: Any, n_tokens: int) -> None:
+    def _live_restore(self, state: Any) -> None:
         raise NotImplementedError
 
     def _init_live(self, kv_bytes_per_token: int, cache_budget_bytes: int) -> None:
@@ -136,7 +136,7 @@ class OneLiveCache(Runner):
             self.tokens = []
             return 0
         if not live:  # the live cache holds something else now
-            self._live_restore(saved.state, len(saved.tokens))
+            self._live_restore(saved.state)
             self._live = list(saved.tokens)
         self._crop_live(len(tokens))
         self.tokens = list(tokens)

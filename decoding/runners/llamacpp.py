@@ -51,5 +51,5 @@ class LlamaCppRunner(OneLiveCache):
     def _live_save(self) -> bytes:
         return self.model.save()
 
-    def _live_restore(self, state: bytes, n_tokens: int) -> None:
+    def _live_restore(self, state: bytes) -> None:
         self.model.restore(state)

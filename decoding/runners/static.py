@@ -47,7 +47,7 @@ class StaticRunner(OneLiveCache):
         n = len(self._live)
         return self.model.k_cache[:, :, :n].clone(), self.model.v_cache[:, :, :n].clone()
 
-    def _live_restore(self, state: tuple[torch.Tensor, torch.Tensor], n_tokens: int) -> None:
+    def _live_restore(self, state: tuple[torch.Tensor, torch.Tensor]) -> None:
         k, v = state
         self.model.grow(k.shape[2])
         self.model.k_cache[:, :, :k.shape[2]] = k
