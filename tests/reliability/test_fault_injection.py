@@ -226,7 +226,8 @@ def test_out_of_memory_while_generating(start_server, places, tiny_model_dir):
 def test_draft_model_fails_while_the_target_loads(start_server, places, tiny_model_dir, tiny_draft_dir):
     workspace, _ = places
     with injected("draft model fails while the target loads"):
-        server = start_server(["--target", str(tiny_model_dir), "--draft", str(tiny_draft_dir), "--drafter", "model"],
+        server = start_server(["--target", str(tiny_model_dir), "--draft", str(tiny_draft_dir), "--drafter", "model",
+                               "--weights", "int8", "--draft-weights", "int8"],
                               env={"DRAFTWISE_FAULTS": "draft_load_error"})
         server.initialize(workspace)
         stats = server.wait_for_state()
