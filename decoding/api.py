@@ -8,7 +8,10 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 DRAFTERS = ("none", "lookup", "model", "suggestion", "auto")
 SCOPES = ("auto", "line", "block", "full")
@@ -147,3 +150,37 @@ class EngineConfig:
     cache_mb: int = 512  # bound on KV memory kept for reuse across requests
     trust_remote_code: bool = False
     measure_cost: bool = True  # time forwards at load to build the cost model
+
+
+Progress = Callable[[str, "float | None"], None]  # (message, fraction done or None) from the loading thread
+
+
+@runtime_checkable
+class CompletionEngine(Protocol):
+    """What the LSP server, the CLI and the benchmark may call: the in-process engine
+    (decoding.engine.Engine) and a remote one (decoding.remote.engine.Engine) both implement it, and
+    a test checks that their signatures match this one."""
+
+    state: str  # "idle" | "loading" | "ready" | "failed"
+    error: str | None
+
+    def start_loading(self, progress: Progress | None = None) -> concurrent.futures.Future: ...
+
+    def load(self, progress: Progress | None = None) -> None: ...
+
+    def build_prompt(self, request: CompletionRequest) -> list[int]: ...
+
+    def submit(self, request: CompletionRequest, cancel: CancelToken | None = None, version: int = 0,
+               idle: bool = False) -> Job: ...  # noqa: F821 - decoding.jobs.Job, which imports this module
+
+    def prepare(self, request: CompletionRequest) -> Job | None: ...  # noqa: F821
+
+    def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult: ...
+
+    def clear_caches(self) -> None: ...
+
+    def info(self) -> dict: ...
+
+    def stats(self) -> dict: ...
+
+    def close(self) -> None: ...

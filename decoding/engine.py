@@ -12,8 +12,7 @@ from decoding import alternatives
 from decoding.api import DRAFTERS, CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
 from decoding.errors import DraftwiseError, EngineNotReady, ModelLoadError, ModelSpecError, check_request
 from decoding.jobs import Job, JobRegistry, ModelWorker
-from decoding.loading import LoadedModels, Progress, ensure_draft_model, load_models
-from decoding.models.weights import return_freed_memory
+from decoding.loading import LoadedModels, Progress, load_models
 from decoding.request_plan import build_plan
 from decoding.request_run import read_prompt_ahead, run_plan
 
@@ -57,7 +56,6 @@ class Engine:
         except Exception as exc:  # anything else from torch/transformers: keep it one clear line
             self.state, self.error = "failed", f"loading failed: {type(exc).__name__}: {exc}".splitlines()[0]
             raise ModelLoadError(self.error) from exc
-        return_freed_memory()  # the load's temporaries (the timing forwards' activations among them)
         self.state = "ready"
         m = self.models
         log.info("engine ready: target=%s draft=%s device=%s weights=%s (%s) cost=%s", m.target.name,
@@ -141,7 +139,7 @@ class Engine:
             stats = RequestStats(drafter=request.drafter or self.config.drafter, stopped="cancelled")
             return self._record(CompletionResult("", stats), job)
         if (request.drafter or self.config.drafter) == "model":
-            ensure_draft_model(models, self.config)  # asked for by name: load it if `auto` left it out
+            models.ensure_draft_model(self.config)  # asked for by name: load it if `auto` left it out
         plan = build_plan(models, self.config, request, seen=job.saw)
         result, stop = run_plan(models, plan, cancel)
         if request.alternatives and stop.reason != "cancelled":

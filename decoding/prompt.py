@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from decoding.api import ContextFile
-from decoding.healing import is_blank
+from decoding.healing import BlankHealing, is_blank
 
 PREFIX_CUT_STEP = 32  # lines
 MAX_CHARS_PER_TOKEN = 16  # generous: code averages 3-4 characters a token
@@ -112,6 +112,10 @@ class PromptBuilder:
         vocab = tokenizer.get_vocab()
         self._special = {s: vocab[s] for s in (self.template.prefix, self.template.suffix, self.template.middle,
                                                self.template.file_sep, self.template.repo_name) if s and s in vocab}
+
+    def blank_healing(self, vocab_size: int) -> BlankHealing:
+        """How this prompt's trailing blanks are healed: the first token must write them itself."""
+        return BlankHealing(self.tok, vocab_size)
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False) if text else []

@@ -10,7 +10,7 @@ from decoding.healing import Constraint, limited
 from decoding.policy import DraftPolicy
 from decoding.runners.base import Runner
 from decoding.sampling import Sampler
-from decoding.stop_rules import whole_lines
+from decoding.stop_rules import kept_past_time_cap
 
 
 @dataclass(frozen=True)
@@ -71,12 +71,8 @@ class StopRule:
         return len(text) if keep is None else keep
 
     def _past_deadline(self, n: int, text: str) -> Stop | None:
-        if not self.whole_lines:
-            return Stop("time_limit", n, self._keep(text))
-        complete = whole_lines(text)
-        if complete is None:  # not one whole line yet: go on to the end of the first
-            return None
-        return Stop("time_limit", n, self._keep(complete))
+        kept = kept_past_time_cap(text, self.whole_lines)
+        return None if kept is None else Stop("time_limit", n, self._keep(kept))
 
 
 def speculative_decode(target: Runner, seq: list[int], policy: DraftPolicy, sampler: Sampler,

@@ -481,6 +481,12 @@ def whole_lines(text: str) -> str | None:
     return complete if complete.strip() else None
 
 
+def kept_past_time_cap(text: str, whole_lines_only: bool) -> str | None:
+    """What a suggestion keeps once its time cap has passed, or None: go on until one line is whole.
+    One rule for every engine, local or remote, so the cap means the same to a user."""
+    return whole_lines(text) if whole_lines_only else text
+
+
 def completion_rules(prefix: str, suffix: str, language: str, path: str, requested_scope: str
                      ) -> tuple[Callable[[str], int | None], Callable[[str], int | None]]:
     """A request's text rule (checked as text arrives) and final rule (where to end it when the model

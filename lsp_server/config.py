@@ -42,9 +42,8 @@ class Settings:
     alternatives: int = 3  # most items for an explicitly invoked completion (the greedy one included)
     idle_work: bool = True  # start suggestions at pauses, read prompts ahead, prefetch after a shown one
     # Past this long a suggestion ends at its next line end (so a block shows its first lines fast;
-    # prefetch brings the rest when they are taken); 0: no cap. In the typing replay on a 2-core CPU
-    # (README, "What typing feels like") 150 ms against 300 ms took the median wait from ~340 to
-    # ~280 ms, with as many characters taken from suggestions.
+    # prefetch brings the rest when they are taken); 0: no cap. The typing replay chose the value
+    # (docs/performance.md, "What typing feels like").
     max_time_ms: int = 150
 
     def serves_language(self, language_id: str) -> bool:

@@ -14,14 +14,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from decoding.api import CompletionRequest
+from decoding.api import CompletionEngine, CompletionRequest
 from decoding.errors import DraftwiseError, EngineNotReady
 from decoding.remote import engine_module
 from lsp_server.config import Settings
 from lsp_server.progress import LoadProgress
 
 if TYPE_CHECKING:
-    from decoding.engine import Engine, Job
+    from decoding.jobs import Job
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class EngineHost:
         self.settings = settings
         self.state = IDLE
         self.error: str | None = None
-        self._engine: Engine | None = None
+        self._engine: CompletionEngine | None = None  # in-process or remote: decoding.api's one interface
         self._closed = False  # shut down: load nothing more
         self._load_lock = asyncio.Lock()
         # Told (on the event loop) when a remote engine's server fails or comes back: (level, sentence).

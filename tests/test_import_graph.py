@@ -77,3 +77,42 @@ def test_models_import_no_runner_and_the_engine_no_server():
             assert not any(t.startswith("decoding.runners") for t in targets), (name, targets)
         if name.startswith("decoding"):
             assert not any(t.startswith("lsp_server") for t in targets), (name, targets)
+
+
+def external_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.partition(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.partition(".")[0])
+    return out
+
+
+def test_the_engine_and_its_tooling_never_import_the_lsp_libraries():
+    """decoding/ (the benchmark included) drives a server, when it must, over its own stdio framing."""
+    for path in (ROOT / "decoding").rglob("*.py"):
+        assert not external_imports(path) & {"pygls", "lsprotocol", "pytest_lsp"}, path
+
+
+def test_no_engine_module_imports_more_than_seven_siblings():
+    """A module that needs most of its package is doing the package's job: split it."""
+    edges = graph()
+    for name, targets in edges.items():
+        if name.startswith("decoding"):
+            package = name.rpartition(".")[0]
+            depth = package.count(".") + 1  # a subpackage's modules count once, as the subpackage
+            siblings = {".".join(t.split(".")[:depth + 1]) for t in targets if t.startswith(package + ".")} - {name}
+            assert len(siblings) <= 7, (name, sorted(siblings))
+
+
+def test_no_function_in_the_engine_runs_over_fifty_lines():
+    """Tooling (bench) aside: a longer function does several things and hides which one a change touches."""
+    long = []
+    for path in (ROOT / "decoding").rglob("*.py"):
+        if "bench" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 50:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert long == []

@@ -30,9 +30,8 @@ from torch.nn import functional as F
 from decoding.models.weights import Int4Linear, Int8Embedding, Int8Linear, compute_dtype, int4_groups, int8_rows
 
 ARCHITECTURES = ("qwen2", "llama", "mistral")
-# int4 group size along the input dimension. Measured with ATen's CPU kernel on the 0.5B's shapes
-# (2-core AMD EPYC): groups of 32 cost ~10% more than 128 for one row and ~20% less for four rows
-# (the widths speculation uses), and they quantize more finely.
+# int4 group size along the input dimension: with ATen's CPU kernel, smaller groups cost a little more
+# for one row and less for the few rows speculation verifies (docs/weights.md), and quantize more finely.
 INT4_GROUP = 32
 # Attention windows grow in steps of this many positions: a step costs a row at most this many masked
 # keys, and a forward of up to this many rows spans at most two windows.

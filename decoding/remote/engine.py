@@ -27,18 +27,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from decoding.api import CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
+from decoding.api import CancelToken, CompletionRequest, CompletionResult, EngineConfig, Progress, RequestStats
 from decoding.errors import DraftwiseError, EngineNotReady, ModelNotAvailable, ModelSpecError, check_request
 from decoding.jobs import Job, JobRegistry
 from decoding.prompt import valid_text
-from decoding.stop_rules import completion_rules, whole_lines
+from decoding.stop_rules import completion_rules, kept_past_time_cap
 from decoding.remote import backends
 from decoding.remote.secrets import api_key_from_env
 from decoding.remote.spec import RemoteSpec, parse_remote_target
 
 log = logging.getLogger("draftwise.remote")
 
-Progress = Callable[[str, "float | None"], None]
 OK = "ok"
 SUFFIX_CHARS = 1024  # /infill: the first characters after the cursor (the server fits them to its budget)
 CHARS_PER_TOKEN = 3  # /infill: characters of prefix and other files per prompt token
@@ -131,12 +130,10 @@ class _Streamed:
         whole line; otherwise wait for one."""
         if self.soft_deadline is None or time.perf_counter() < self.soft_deadline:
             return False
-        if not self.whole_lines:
-            return True
-        complete = whole_lines(self.text)
-        if complete is None:
+        kept = kept_past_time_cap(self.text, self.whole_lines)
+        if kept is None:
             return False
-        self.text = complete
+        self.text = kept
         return True
 
     def final_text(self, stopped: str, final_rule) -> str:
