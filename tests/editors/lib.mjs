@@ -195,3 +195,44 @@ export function readTap(file) {
   }
   return entries;
 }
+
+/** Whether an LSP position is the given one. */
+function samePosition(a, b) {
+  return a.line === b.line && a.character === b.character;
+}
+
+/**
+ * What the tap saw around a model load slower than the editor's first request, for the inline
+ * completion requests for `uri` at `position`: `first` (the first of them) and `firstReply`, `loadEnd`
+ * (the `$/progress` end after it), `retry` (the first of them sent after the load ended) and
+ * `retryReply`, and `changes`: the editor's didChange notifications for `uri` between `first` and
+ * `retry` (keystrokes). Each entry is the tap's, with its `index` in the log.
+ */
+export function loadRetry(tapLog, uri, position) {
+  const entries = readTap(tapLog).map((entry, index) => ({ ...entry, index }));
+  const isRequest = ({ direction, message }) => direction === 'to-server' && message.method === 'textDocument/inlineCompletion'
+    && message.params.textDocument.uri === uri && samePosition(message.params.position, position);
+  const replyTo = (request) => request && entries.find(({ direction, message, index }) => index > request.index
+    && direction === 'to-editor' && message.method === undefined && message.id === request.message.id);
+  const first = entries.find(isRequest);
+  const loadEnd = first && entries.find(({ direction, message, index }) => index > first.index && direction === 'to-editor'
+    && message.method === '$/progress' && message.params?.value?.kind === 'end');
+  const retry = loadEnd && entries.find((entry) => entry.index > loadEnd.index && isRequest(entry));
+  const changes = first ? entries.filter(({ direction, message, index }) => index > first.index
+    && (retry === undefined || index < retry.index) && direction === 'to-server'
+    && message.method === 'textDocument/didChange' && message.params.textDocument.uri === uri) : [];
+  return { first, firstReply: replyTo(first), loadEnd, retry, retryReply: replyTo(retry), changes };
+}
+
+/** The items of an inline completion reply (an entry of the tap), [] for none or null. */
+export function replyItems(reply) {
+  const result = reply?.message?.result;
+  return result ? (Array.isArray(result) ? result : result.items ?? []) : [];
+}
+
+/** Whether the tap saw an inline completion request for `uri` at `position`. */
+export function askedAt(tapLog, uri, position) {
+  return readTap(tapLog).some(({ direction, message }) => direction === 'to-server'
+    && message.method === 'textDocument/inlineCompletion' && message.params.textDocument.uri === uri
+    && samePosition(message.params.position, position));
+}

@@ -7,13 +7,22 @@ import { descendants, here, makeTempDir, serverCommand, serverEnv, spawnLogged, 
 
 export const INIT = path.join(here, 'nvim', 'init.lua');
 
-/** Environment for an isolated Neovim (no user config or plugins) that starts our server. */
-export function nvimEnv({ home, settings, serverLog, extraEnv = {} }) {
+/**
+ * Environment for an isolated Neovim (no user config or plugins) that starts our server; with `tap`
+ * ({log, holdLoadUntil?}) the server runs behind lsp-tap.mjs, which logs the traffic (and may hold
+ * the model load until a file exists).
+ */
+export function nvimEnv({ home, settings, serverLog, extraEnv = {}, tap }) {
   const env = { ...serverEnv(), ...extraEnv };
   for (const dir of ['config', 'data', 'state', 'cache']) {
     env[`XDG_${dir.toUpperCase()}_HOME`] = path.join(home, dir);
   }
-  env.DRAFTWISE_TEST_CMD = JSON.stringify(serverCommand(['--log-file', serverLog]));
+  let command = serverCommand(['--log-file', serverLog]);
+  if (tap) {
+    const hold = tap.holdLoadUntil ? ['--hold-load-until', tap.holdLoadUntil] : [];
+    command = [process.execPath, path.join(here, 'lsp-tap.mjs'), tap.log, ...hold, '--', ...command];
+  }
+  env.DRAFTWISE_TEST_CMD = JSON.stringify(command);
   env.DRAFTWISE_TEST_SETTINGS = JSON.stringify(settings);
   return env;
 }
@@ -45,6 +54,20 @@ export class NvimClient {
     this.send(`<Cmd>lua ${code.replace(/</g, '<lt>')}<CR>`);
   }
 
+  /**
+   * Opens `file`, written afresh with `text`, in the current window (normal mode, cursor on its
+   * first line), and waits until the server and the plugin serve it: a test that starts with it
+   * does not depend on what earlier tests left in a buffer.
+   */
+  async openFresh(file, text) {
+    fs.writeFileSync(file, text);
+    this.send(`<C-\\><C-n>:edit ${file.replace(/ /g, '\\ ')}<CR>`);
+    return waitFor(`${path.basename(file)} open and attached`, () => {
+      const state = this.probe('attached');
+      return state.name === file && state.lsp && (state.ghost || state.native) && this.probe('mode') === 'n' ? state : null;
+    }, { timeoutMs: 20_000, intervalMs: 100 });
+  }
+
   async waitReady(timeoutMs) {
     return waitFor('the draftwise server to be ready in Neovim', () => {
       const state = this.probe('state');
@@ -63,7 +86,7 @@ export class NvimClient {
 
 /** Neovim without a UI (--headless), for driving through RPC. */
 export class HeadlessNvim extends NvimClient {
-  static async start({ file, settings, logDir, name, env: extraEnv = {} }) {
+  static async start({ file, settings, logDir, name, env: extraEnv = {}, tap }) {
     const home = makeTempDir(`nvim-${name}`);
     const socket = path.join(home, 'nvim.sock');
     const nvim = new HeadlessNvim(socket);
@@ -72,10 +95,14 @@ export class HeadlessNvim extends NvimClient {
     nvim.log = path.join(logDir, `${name}-nvim.log`);
     fs.rmSync(nvim.serverLog, { force: true });
     fs.rmSync(nvim.log, { force: true });
+    if (tap) {
+      nvim.tapLog = tap.log;
+      fs.rmSync(tap.log, { force: true });
+    }
     nvim.process = spawnLogged(nvim.nvim, ['--headless', '--listen', socket, '-u', INIT, file], {
       logFile: nvim.log,
       cwd: path.dirname(file),
-      env: nvimEnv({ home, settings, serverLog: nvim.serverLog, extraEnv }),
+      env: nvimEnv({ home, settings, serverLog: nvim.serverLog, extraEnv, tap }),
     });
     await nvim.waitSocket();
     return nvim;

@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { ensureArtifactsDir, makeTempDir, MODELS, realModelPresent, tail, waitFor } from './lib.mjs';
+import { pathToFileURL } from 'node:url';
+import { askedAt, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, realModelPresent, replyItems, tail, waitFor } from './lib.mjs';
 import { applySuggestion, displayed, HeadlessNvim, TmuxNvim } from './nvim-harness.mjs';
 
 const SOURCE = 'def fibonacci(n):\n    if n < 2:\n        return n\n    return ';
@@ -29,6 +30,11 @@ function writeSource(name) {
   const file = path.join(dir, 'fib.py');
   fs.writeFileSync(file, SOURCE);
   return file;
+}
+
+/** A file of its own for a test, next to the one Neovim started with, holding SOURCE; opened in Neovim. */
+function openFresh(nvim, startFile, name) {
+  return nvim.openFresh(path.join(path.dirname(startFile), name), SOURCE);
 }
 
 describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
@@ -57,6 +63,7 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
   });
 
   test('typing shows the server\'s suggestion as ghost text; Tab accepts it and the server hears it', { timeout: model.replyTimeoutMs }, async () => {
+    await openFresh(nvim, file, 'typing.py');
     nvim.send('GA');
     nvim.send('fib');
     const suggestion = await waitFor('a suggestion', () => nvim.probe('suggestion'), { timeoutMs: model.replyTimeoutMs });
@@ -98,9 +105,10 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     // a long debounce leaves time to look before the next request goes out.
     const show = (text) => nvim.lua(`local r, c = unpack(vim.api.nvim_win_get_cursor(0)); require('draftwise.ghost').show_items(0,
       require('draftwise').client(), { { insertText = ${JSON.stringify(text)} } }, r - 1, c, vim.api.nvim_buf_get_changedtick(0))`.replace(/\n\s*/g, ' '));
+    await openFresh(nvim, file, 'along.py');
     nvim.lua('require("draftwise").config.debounce_ms = 3000');
     try {
-      nvim.send('<Esc>Gow = ');
+      nvim.send('Gow = ');
       // The line as typed, after any indent Neovim put there.
       const line = await waitFor('the new line', () => {
         const last = nvim.probe('lines').at(-1);
@@ -138,7 +146,10 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
   });
 
   test('with nothing shown, Tab falls through to a normal Tab', async () => {
-    // Dismiss whatever the last edit brought up, then Tab at once (before the next debounce).
+    await openFresh(nvim, file, 'tab.py');
+    nvim.send('GA');
+    await waitFor('insert mode', () => nvim.probe('mode') === 'i', { timeoutMs: 5000 });
+    // Dismiss whatever entering insert mode brought up, then Tab at once (before the next debounce).
     const [row, col] = nvim.probe('cursor'); // col counts bytes
     const line = Buffer.from(nvim.probe('lines')[row - 1]);
     nvim.send('<C-]><Tab>');
@@ -152,8 +163,9 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
   });
 
   test('the statusline says "generating…" while a request runs, then the latency and speed', { timeout: model.replyTimeoutMs }, async () => {
+    await openFresh(nvim, file, 'status.py');
     nvim.lua('_G.draftwise_status_log = {}');
-    nvim.send('<Esc>Go    total = fib');
+    nvim.send('Go    total = fib');
     await waitFor('a suggestion', () => nvim.probe('suggestion'), { timeoutMs: model.replyTimeoutMs });
     const log = await waitFor('the statusline after the reply', () => {
       const l = nvim.probe('status_log');
@@ -166,7 +178,8 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
 
   test('with show_timing_inline the timing is drawn after the ghost text (off by default)', { timeout: model.replyTimeoutMs }, async () => {
     const chunks = (mark) => [...(mark[3].virt_text ?? []), ...(mark[3].virt_lines ?? []).flat()].map((c) => c[0]);
-    nvim.send('<Esc>Go    y = fib');
+    await openFresh(nvim, file, 'inline-timing.py');
+    nvim.send('Go    y = fib');
     await waitFor('a suggestion', () => nvim.probe('suggestion'), { timeoutMs: model.replyTimeoutMs });
     assert.ok(!chunks(nvim.probe('extmarks')[0]).some((c) => / \d+ ms/.test(c)), 'no timing unless asked for');
     nvim.lua('require("draftwise").config.show_timing_inline = true');
@@ -183,6 +196,7 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
   });
 
   test('accept-word (Alt-Right) takes the next word and the server counts a word accept', { timeout: model.replyTimeoutMs * 2 }, async (t) => {
+    await openFresh(nvim, file, 'word.py');
     let suggestion;
     for (const line of ['    value = fib', '    def push(self, item):', 'import os', '    x = fib(']) {
       nvim.send(`<Esc>Go${line}`);
@@ -209,9 +223,10 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
   });
 
   test('an explicit trigger (Alt-\\) brings alternatives: (n/m) drawn, Alt-] and Alt-[ cycle, Tab takes the one shown', { timeout: model.replyTimeoutMs }, async () => {
+    await openFresh(nvim, file, 'alternatives.py');
     nvim.lua('require("draftwise").config.auto_trigger = false');
     try {
-      nvim.send('<Esc>Go    result = fib');
+      nvim.send('Go    result = fib');
       nvim.send('<M-\\>');
       const first = await waitFor('alternatives', () => {
         const s = nvim.probe('suggestion');
@@ -244,6 +259,7 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
   });
 
   test(':DraftwiseDisable/Enable per buffer, language and everywhere, and :DraftwiseSnooze, without a server restart', { timeout: 60_000 }, async () => {
+    await openFresh(nvim, file, 'toggle.py');
     const clientId = nvim.probe('state').client.id;
     // Typing a line brings a suggestion exactly when suggestions are on.
     const typeLine = async (text) => {
@@ -272,9 +288,10 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
   });
 
   test('a reply for a cursor that has moved on is dropped', { timeout: model.replyTimeoutMs }, async () => {
+    await openFresh(nvim, file, 'moved.py');
     nvim.send('<Cmd>lua require("draftwise").config.auto_trigger = false<CR>');
     try {
-      nvim.send('<Esc>Go    y = fib');
+      nvim.send('Go    y = fib');
       await waitFor('no suggestion', () => nvim.probe('suggestion') === null, { timeoutMs: 5000 });
       const shown = nvim.probe('server_stats').suggestions.shown;
       // Ask at the end of the line, then move left before the reply can arrive.
@@ -296,7 +313,9 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     // Whole-block suggestions (sent as new settings, as update_settings does) make a multi-line
     // one likely. The tiny model's text depends on the whole prompt, other open buffers included
     // (what earlier tests typed and accepted), so try lines that open a block until one brings one.
-    nvim.send('<Cmd>lua require("draftwise").update_settings({ scope = "full", maxTokens = 48 })<CR>');
+    await openFresh(nvim, file, 'line.py');
+    // No time cap (maxTimeMs 0): on a busy CPU the default 150 ms would end every suggestion at once.
+    nvim.send('<Cmd>lua require("draftwise").update_settings({ scope = "full", maxTokens = 48, maxTimeMs = 0 })<CR>');
     const candidates = ['    def push(self, item):', 'import os', '    x = fib', 'for i in range(10):', 'class Stack:',
       'def main():', 'while True:', '    if n < 2:', 'try:', 'with open(path) as f:'];
     let suggestion;
@@ -326,7 +345,7 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
       assert.equal(after.acceptedChars - before.acceptedChars, [...part].length);
       assert.equal(after.accepted, before.accepted);
     } finally {
-      nvim.send('<Cmd>lua require("draftwise").update_settings({ scope = "auto", maxTokens = 12 })<CR>');
+      nvim.send('<Cmd>lua require("draftwise").update_settings({ scope = "auto", maxTokens = 12, maxTimeMs = 150 })<CR>');
     }
   });
 
@@ -397,6 +416,8 @@ describe('Neovim in a terminal, typed keys (tiny model)', { timeout: 600_000 }, 
   test('ghost text appears on screen as you type, Tab accepts, :w writes it', { timeout: model.loadTimeoutMs + model.replyTimeoutMs }, async () => {
     await waitFor('"draftwise: ready" on the statusline', () => nvim.screen().includes('draftwise: ready'),
       { timeoutMs: model.loadTimeoutMs, intervalMs: 300 });
+    const ghostFile = path.join(path.dirname(file), 'ghost.py');
+    await nvim.openFresh(ghostFile, SOURCE);
     nvim.type('GA');
     nvim.type('fib');
     const suggestion = await waitFor('a suggestion', () => nvim.probe('suggestion'), { timeoutMs: model.replyTimeoutMs });
@@ -418,17 +439,17 @@ describe('Neovim in a terminal, typed keys (tiny model)', { timeout: 600_000 }, 
     nvim.press('Escape');
     nvim.type(':w');
     nvim.press('Enter');
-    await waitFor('the file on disk', () => fs.readFileSync(file, 'utf8') === `${expected.join('\n')}\n`, { timeoutMs: 5000 })
-      .catch(() => assert.equal(fs.readFileSync(file, 'utf8'), `${expected.join('\n')}\n`));
+    await waitFor('the file on disk', () => fs.readFileSync(ghostFile, 'utf8') === `${expected.join('\n')}\n`, { timeoutMs: 5000 })
+      .catch(() => assert.equal(fs.readFileSync(ghostFile, 'utf8'), `${expected.join('\n')}\n`));
     fs.writeFileSync(path.join(ensureArtifactsDir(), 'nvim-tmux-accepted.txt'), nvim.screen());
   });
 
   test('with an auto-closed bracket, a multi-line suggestion that closes it shows the bracket once', { timeout: 30_000 }, async () => {
     // The server's answer in this case (its range covers the auto-closed ")", its text ends with
     // one); made by hand, because the tiny model's text is random.
+    await openFresh(nvim, file, 'bracket.py');
     nvim.send('<Cmd>lua require("draftwise").config.auto_trigger = false<CR>');
-    nvim.type('Go');
-    nvim.press('C-u'); // no auto-indent after the "return" line above
+    nvim.send('Go<Esc>A'); // a new last line without indent (Esc drops any auto-indent)
     nvim.type('total = add(');
     await waitFor('the auto-closed bracket', () => nvim.probe('lines').at(-1) === 'total = add()', { timeoutMs: 5000 });
     const [row, col] = nvim.probe('cursor');
@@ -451,14 +472,69 @@ describe('Neovim in a terminal, typed keys (tiny model)', { timeout: 600_000 }, 
   });
 });
 
+describe('Neovim with a model load slower than the first request (tiny model)', { timeout: 300_000 }, () => {
+  // The server loads its models only once the test lets it (lsp-tap.mjs --hold-load-until), and gets
+  // the editor's requests once the load has begun: whatever the CPU, the first request arrives
+  // while the models load, and is answered with nothing.
+  const model = MODELS.tiny;
+  let nvim;
+  let file;
+  let release;
+
+  before(async () => {
+    file = writeSource('nvim-slow-load');
+    release = path.join(path.dirname(file), 'release-load');
+    const logDir = ensureArtifactsDir();
+    nvim = await HeadlessNvim.start({ file, settings: settingsFor(model), logDir, name: 'nvim-slow-load',
+      tap: { log: path.join(logDir, 'nvim-slow-load-lsp.jsonl'), holdLoadUntil: release } });
+  });
+
+  after(async () => {
+    await nvim?.stop();
+  });
+
+  test('a request made while the models load gets nothing; once they are loaded the plugin asks again and the suggestion shows, with no further keystroke', {
+    timeout: model.loadTimeoutMs + model.replyTimeoutMs,
+  }, async () => {
+    const uri = pathToFileURL(file).href;
+    await waitFor('the server and the plugin attached', () => {
+      const attached = nvim.probe('attached');
+      return attached.lsp && attached.ghost;
+    }, { timeoutMs: 30_000 });
+    nvim.send('GA');
+    nvim.send('fib');
+    const typed = [...SOURCE.split('\n').slice(0, -1), `${SOURCE.split('\n').at(-1)}fib`];
+    const cursor = { line: typed.length - 1, character: Buffer.byteLength(typed.at(-1)) }; // utf-8 columns
+    await waitFor('the plugin to ask at the cursor', () => askedAt(nvim.tapLog, uri, cursor), { timeoutMs: 20_000 });
+    assert.equal(nvim.probe('suggestion'), null);
+    fs.writeFileSync(release, ''); // the load begins
+    const suggestion = await waitFor('a suggestion after the load', () => nvim.probe('suggestion'),
+      { timeoutMs: model.loadTimeoutMs, intervalMs: 250 }).catch((error) => {
+      throw new Error(`${error.message}\nserver log:\n${tail(nvim.serverLog)}`);
+    });
+    assert.deepEqual([suggestion.row, suggestion.col], [cursor.line, cursor.character]);
+    assert.deepEqual(nvim.probe('lines'), typed, 'nothing typed since');
+    assert.equal(nvim.probe('mode'), 'i');
+    const seen = loadRetry(nvim.tapLog, uri, cursor);
+    assert.ok(seen.firstReply, 'the first request was answered');
+    assert.deepEqual(replyItems(seen.firstReply), [], 'nothing while the models load');
+    assert.ok(seen.loadEnd && seen.firstReply.index < seen.loadEnd.index, 'answered before the load ended');
+    assert.ok(seen.retry, 'asked again at the same place after the load ended');
+    assert.ok(replyItems(seen.retryReply).length > 0, 'the request after the load got a suggestion');
+    assert.deepEqual(seen.changes, [], 'no keystroke between the two requests');
+  });
+});
+
 describe('Neovim 0.12 native path, against a stand-in for vim.lsp.inline_completion', { timeout: 120_000 }, () => {
   // No 0.12 build is installable here: the plugin's native.lua runs on 0.11 against a stand-in that
   // follows the native module's contract (tests/editors/nvim/native_stub.lua says which).
   const model = MODELS.tiny;
   let nvim;
+  let file;
 
   before(async () => {
-    nvim = await HeadlessNvim.start({ file: writeSource('nvim-native'), settings: settingsFor(model),
+    file = writeSource('nvim-native');
+    nvim = await HeadlessNvim.start({ file, settings: settingsFor(model),
       logDir: ensureArtifactsDir(), name: 'nvim-native', env: { DRAFTWISE_TEST_NATIVE_STUB: '1' } });
     await waitFor('the server attached', () => nvim.probe('state').client, { timeoutMs: 30_000 });
   });
@@ -482,6 +558,7 @@ describe('Neovim 0.12 native path, against a stand-in for vim.lsp.inline_complet
   });
 
   test('Tab after typing along an item inserts it once (Neovim\'s own accept would double the typed text)', async () => {
+    await openFresh(nvim, file, 'along.py');
     for (const range of ['object', 'list']) {
       nvim.send('<Esc>Go');
       show(['hello_world()'], range);
@@ -499,6 +576,7 @@ describe('Neovim 0.12 native path, against a stand-in for vim.lsp.inline_complet
   });
 
   test('accept-word and accept-line take part of the item; Alt-] cycles', async () => {
+    await openFresh(nvim, file, 'parts.py');
     nvim.send('<Esc>Go');
     show(['foo_bar(baz)\nreturn 1']);
     nvim.send('<M-Right>');
@@ -529,16 +607,22 @@ describe('Neovim with Qwen2.5-Coder 0.5B', { timeout: 900_000 }, () => {
   const model = MODELS.real;
   const skip = !realModelPresent() && 'the qwen2.5-coder-0.5b preset is not pulled (draftwise models pull qwen2.5-coder-0.5b)';
   let nvim;
+  let file;
+
+  before(async () => {
+    if (skip) return;
+    file = writeSource('nvim-real');
+    nvim = await HeadlessNvim.start({ file, settings: settingsFor(model), logDir: ensureArtifactsDir(), name: 'nvim-real',
+      env: { DRAFTWISE_TEST_AUTOCLOSE: '1' } });
+  });
 
   after(async () => {
     await nvim?.stop();
   });
 
   test('a real suggestion appears and Tab accepts it', { skip, timeout: model.loadTimeoutMs + model.replyTimeoutMs }, async () => {
-    const file = writeSource('nvim-real');
-    nvim = await HeadlessNvim.start({ file, settings: settingsFor(model), logDir: ensureArtifactsDir(), name: 'nvim-real',
-      env: { DRAFTWISE_TEST_AUTOCLOSE: '1' } });
     await nvim.waitReady(model.loadTimeoutMs);
+    await openFresh(nvim, file, 'real.py');
     nvim.send('GA');
     const suggestion = await waitFor('a suggestion from the 0.5B model', () => nvim.probe('suggestion'),
       { timeoutMs: model.replyTimeoutMs, intervalMs: 500 });
@@ -550,8 +634,10 @@ describe('Neovim with Qwen2.5-Coder 0.5B', { timeout: 900_000 }, () => {
     fs.writeFileSync(path.join(ensureArtifactsDir(), 'nvim-real-accepted.py'), `${expected.join('\n')}\n`);
   });
 
-  test('with auto-closing brackets on, a real suggestion inside print() leaves one closing bracket', { skip, timeout: model.replyTimeoutMs }, async () => {
-    nvim.send('<Esc>Go');
+  test('with auto-closing brackets on, a real suggestion inside print() leaves one closing bracket', { skip, timeout: model.loadTimeoutMs + model.replyTimeoutMs }, async () => {
+    await nvim.waitReady(model.loadTimeoutMs);
+    await openFresh(nvim, file, 'real-brackets.py');
+    nvim.send('Go<Esc>A'); // a new last line without indent (Esc drops any auto-indent)
     nvim.send('print(');
     await waitFor('the auto-closed bracket', () => nvim.probe('lines').at(-1) === 'print()', { timeoutMs: 5000 });
     const suggestion = await waitFor('a suggestion from the 0.5B model', () => nvim.probe('suggestion'),

@@ -35,11 +35,12 @@ function freePort() {
 }
 
 /** User settings: the extension's, plus quiet defaults so nothing else takes the focus. */
-function userSettings({ draftwise, tapLog, serverLog }) {
+function userSettings({ draftwise, tapLog, serverLog, holdLoadUntil }) {
   const [command, ...args] = serverCommand(['--log-file', serverLog]);
+  const hold = holdLoadUntil ? ['--hold-load-until', holdLoadUntil] : [];
   return {
     'draftwise.server.command': process.execPath,
-    'draftwise.server.args': [path.join(here, 'lsp-tap.mjs'), tapLog, '--', command, ...args],
+    'draftwise.server.args': [path.join(here, 'lsp-tap.mjs'), tapLog, ...hold, '--', command, ...args],
     'draftwise.server.env': { PYTHONPATH: serverEnv().PYTHONPATH },
     ...Object.fromEntries(Object.entries(draftwise).map(([key, value]) => [`draftwise.${key}`, value])),
     'editor.inlineSuggest.enabled': true,
@@ -70,9 +71,10 @@ function userSettings({ draftwise, tapLog, serverLog }) {
 export class CodeServer {
   /**
    * Installs the .vsix into a fresh profile and starts code-server on a free loopback port.
-   * @param {{workspace: string, draftwise: object, logDir: string, name: string}} options
+   * holdLoadUntil: the server's model load waits until this file exists (lsp-tap.mjs --hold-load-until).
+   * @param {{workspace: string, draftwise: object, logDir: string, name: string, holdLoadUntil?: string}} options
    */
-  static async start({ workspace, draftwise, logDir, name }) {
+  static async start({ workspace, draftwise, logDir, name, holdLoadUntil }) {
     if (!fs.existsSync(VSIX)) {
       throw new Error(`${VSIX} is missing: run editor-clients/setup-editors.sh`);
     }
@@ -87,6 +89,7 @@ export class CodeServer {
     for (const file of [cs.log, cs.serverLog, cs.tapLog]) fs.rmSync(file, { force: true });
     cs.settingsFile = path.join(cs.userData, 'User', 'settings.json');
     cs.machineSettingsFile = path.join(cs.userData, 'Machine', 'settings.json');
+    cs.holdLoadUntil = holdLoadUntil;
     cs.writeSettings(draftwise);
 
     const env = {
@@ -133,7 +136,7 @@ export class CodeServer {
   }
 
   writeSettings(draftwise) {
-    const settings = userSettings({ draftwise, tapLog: this.tapLog, serverLog: this.serverLog });
+    const settings = userSettings({ draftwise, tapLog: this.tapLog, serverLog: this.serverLog, holdLoadUntil: this.holdLoadUntil });
     // code-server is a remote window: machine-scoped settings (the server command) are read from
     // the machine's settings, the rest from the user's.
     const machine = Object.fromEntries(Object.entries(settings).filter(([key]) => key.startsWith('draftwise.server.')));

@@ -5,7 +5,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { pathToFileURL } from 'node:url';
-import { ensureArtifactsDir, makeTempDir, MODELS, readTap, realModelPresent, tail, waitFor } from './lib.mjs';
+import {
+  askedAt, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, readTap, realModelPresent, replyItems, tail, waitFor,
+} from './lib.mjs';
 import { CodeServer, displayed } from './vscode-harness.mjs';
 
 const SOURCE = 'def fibonacci(n):\n    if n < 2:\n        return n\n    return ';
@@ -131,7 +133,9 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
   before(async () => {
     workspace = makeTempDir('vscode-workspace');
     fs.writeFileSync(path.join(workspace, 'fib.py'), SOURCE);
+    // Each test opens a file of its own: none depends on what an earlier one left in a buffer.
     fs.writeFileSync(path.join(workspace, 'factorial.py'), REAL_SOURCE);
+    fs.writeFileSync(path.join(workspace, 'brackets.py'), REAL_SOURCE);
     for (const name of ['words.py', 'multi.py', 'alts.py', 'toggle.py', 'timing.py']) {
       fs.writeFileSync(path.join(workspace, name), SOURCE);
     }
@@ -430,6 +434,17 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
     await vscode.press('Control', 'KeyW'); // close the stats tab
   });
 
+  /** Waits until the status bar says the 0.5B model is loaded and ready. */
+  async function waitForRealModel() {
+    const real = MODELS.real;
+    await waitFor('Draftwise ready with the 0.5B model', async () => {
+      const s = await vscode.statusItem();
+      return s && s.icons.includes('codicon-check') && (s.label ?? '').includes(real.target()) ? s : null;
+    }, { timeoutMs: real.loadTimeoutMs, intervalMs: 1000 }).catch(async (error) => {
+      throw new Error(`${error.message}; status ${JSON.stringify(await vscode.statusItem())}\n${tail(vscode.serverLog)}`);
+    });
+  }
+
   test('changing the target setting reloads the server with Qwen2.5-Coder 0.5B, whose suggestion Tab accepts', {
     skip: !realModelPresent() && 'the qwen2.5-coder-0.5b preset is not pulled (draftwise models pull qwen2.5-coder-0.5b)',
     timeout: MODELS.real.loadTimeoutMs + MODELS.real.replyTimeoutMs * 2,
@@ -443,12 +458,7 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
     await waitFor('workspace/didChangeConfiguration with the new target', () =>
       readTap(vscode.tapLog).slice(sentBefore).some(({ message }) => message.method === 'workspace/didChangeConfiguration'
         && message.params.settings.draftwise.target === real.target()), { timeoutMs: 20_000 });
-    await waitFor('Draftwise ready with the 0.5B model', async () => {
-      const s = await vscode.statusItem();
-      return s && s.icons.includes('codicon-check') && (s.label ?? '').includes(real.target()) ? s : null;
-    }, { timeoutMs: real.loadTimeoutMs, intervalMs: 1000 }).catch(async (error) => {
-      throw new Error(`${error.message}; status ${JSON.stringify(await vscode.statusItem())}\n${tail(vscode.serverLog)}`);
-    });
+    await waitForRealModel();
     const { expected } = await typeAndAccept(vscode, path.join(workspace, 'factorial.py'), REAL_SOURCE, 'n',
       { replyTimeoutMs: real.replyTimeoutMs, screenshotName: 'vscode-real' });
     assert.ok(expected.length > REAL_SOURCE.length + 1);
@@ -456,12 +466,20 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
 
   test('with auto-closing brackets on, the 0.5B model\'s suggestion inside print() leaves one closing bracket', {
     skip: !realModelPresent() && 'the qwen2.5-coder-0.5b preset is not pulled',
-    timeout: MODELS.real.replyTimeoutMs,
+    timeout: MODELS.real.loadTimeoutMs + MODELS.real.replyTimeoutMs,
   }, async () => {
-    // In the file the last test left (its prompt is in the server's cache, so the reply is quick).
-    const file = path.join(workspace, 'factorial.py');
+    const real = MODELS.real;
+    if (vscode.userSettings()['draftwise.target'] !== real.target()) { // the test before did not get to set it
+      await vscode.setSettingInUI('draftwise.maxTokens', real.maxTokens);
+      await vscode.setSettingInUI('draftwise.target', real.target());
+    }
+    await waitForRealModel();
+    // A file of its own, as written at the start.
+    const file = path.join(workspace, 'brackets.py');
     const uri = pathToFileURL(file).href;
     const saved = fs.readFileSync(file, 'utf8');
+    assert.equal(saved, REAL_SOURCE);
+    await vscode.openFile('brackets.py', REAL_SOURCE.split('\n')[0]);
     await vscode.press('Control', 'End');
     await vscode.press('Enter');
     await vscode.press('Shift', 'Home'); // whatever indentation Enter brought is typed over
@@ -478,5 +496,69 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
     const added = expected.slice(saved.length);
     assert.equal((added.match(/\(/g) ?? []).length, (added.match(/\)/g) ?? []).length, `unbalanced: ${added}`);
     await vscode.screenshot(path.join(ensureArtifactsDir(), 'vscode-real-brackets.png'));
+  });
+});
+
+describe('VS Code with a model load slower than the first request (tiny model)', { timeout: 600_000 }, () => {
+  // The server loads its models only once the test lets it (lsp-tap.mjs --hold-load-until), and gets
+  // the editor's requests once the load has begun: whatever the CPU, the first request arrives
+  // while the models load, and is answered with nothing.
+  const model = MODELS.tiny;
+  let vscode;
+  let workspace;
+  let release;
+
+  before(async () => {
+    workspace = makeTempDir('vscode-slow-load-workspace');
+    fs.writeFileSync(path.join(workspace, 'slow.py'), SOURCE);
+    release = path.join(makeTempDir('vscode-slow-load'), 'release-load');
+    vscode = await CodeServer.start({
+      workspace,
+      logDir: ensureArtifactsDir(),
+      name: 'vscode-slow-load',
+      draftwise: { target: model.target(), maxTokens: model.maxTokens, device: 'cpu' },
+      holdLoadUntil: release,
+    });
+  });
+
+  after(async () => {
+    if (vscode) {
+      await vscode.screenshot(path.join(ensureArtifactsDir(), 'vscode-slow-load-last.png')).catch(() => {});
+      await vscode.stop();
+    }
+  });
+
+  test('a request made while the models load gets nothing; once they are loaded the extension asks again and the ghost text shows, with no further keystroke', {
+    timeout: model.loadTimeoutMs + model.replyTimeoutMs,
+  }, async () => {
+    const file = path.join(workspace, 'slow.py');
+    const uri = pathToFileURL(file).href;
+    // Typed before the language client runs, no request could go out: wait for its first stats request.
+    await waitFor('the extension\'s language client running', () => readTap(vscode.tapLog).some(({ direction, message }) =>
+      direction === 'to-server' && message.method === 'draftwise/stats'), { timeoutMs: 60_000 });
+    await vscode.openFile('slow.py', SOURCE.split('\n')[0]);
+    await vscode.press('Control', 'End');
+    await vscode.page.keyboard.type('fib', { delay: 60 });
+    const cursor = endOf(SOURCE + 'fib');
+    await waitFor('VS Code to ask at the cursor', () => askedAt(vscode.tapLog, uri, cursor), { timeoutMs: 30_000 });
+    assert.equal(await vscode.ghostText(), null);
+    fs.writeFileSync(release, ''); // the load begins
+    const ghost = await waitFor('ghost text after the load', () => vscode.ghostText(),
+      { timeoutMs: model.loadTimeoutMs, intervalMs: 250 }).catch((error) => {
+      throw new Error(`${error.message}\nserver log:\n${tail(vscode.serverLog)}`);
+    });
+    await vscode.screenshot(path.join(ensureArtifactsDir(), 'vscode-slow-load-ghost-text.png'));
+    const seen = loadRetry(vscode.tapLog, uri, cursor);
+    assert.ok(seen.firstReply, 'the first request was answered');
+    assert.deepEqual(replyItems(seen.firstReply), [], 'nothing while the models load');
+    assert.ok(seen.loadEnd && seen.firstReply.index < seen.loadEnd.index, 'answered before the load ended');
+    assert.ok(seen.retry, 'asked again at the same place after the load ended');
+    assert.equal(seen.retry.message.params.context.triggerKind, 1, 'asked by the extension (an explicit trigger)');
+    const items = replyItems(seen.retryReply);
+    assert.ok(items.length > 0, 'the request after the load got a suggestion');
+    assert.deepEqual(seen.changes, [], 'no keystroke between the two requests');
+    // What is drawn is one of the items asked again for (VS Code shows the first).
+    const drawn = items.map((item) => displayed(textOf(item).split('\n')[0].slice(cursor.character - item.range.start.character)).trimEnd());
+    assert.ok(drawn.includes(ghost.inline.trimEnd()), `ghost ${JSON.stringify(ghost)} vs items ${JSON.stringify(drawn)}`);
   });
 });

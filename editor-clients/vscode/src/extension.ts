@@ -39,7 +39,8 @@ export interface ServerSettings {
 }
 
 export interface ServerStats {
-  state: 'loading' | 'ready' | 'failed';
+  // idle: no models yet (before the load starts, or between unloading one model and loading the next)
+  state: 'idle' | 'loading' | 'ready' | 'failed' | 'unavailable';
   error: string | null;
   target?: string;
   draft?: string | null;
@@ -189,7 +190,8 @@ class StatusBar implements vscode.Disposable {
       this.error(stats.error ?? 'the models failed to load');
       return;
     }
-    if (stats.state === 'loading') {
+    if (stats.state === 'loading' || stats.state === 'idle') {
+      // idle: the models are about to load (a reload unloads the old ones first); not ready yet.
       this.loading(undefined, undefined);
       return;
     }
@@ -294,6 +296,13 @@ interface ShownItems {
   items: vscode.InlineCompletionItem[];
 }
 
+/** Where the editor last asked and got nothing: asked again once the models are loaded. */
+interface UnansweredRequest {
+  uri: string;
+  version: number;
+  position: vscode.Position;
+}
+
 /** Code points, as the server counts characters. */
 function characters(text: string): number {
   return [...text].length;
@@ -310,6 +319,10 @@ class DraftwiseClient implements vscode.Disposable {
   private pollTimer: NodeJS.Timeout | undefined;
   private refreshTimer: NodeJS.Timeout | undefined;
   lastStats: ServerStats | undefined;
+  private documentSelector: vscode.DocumentSelector = [];
+  // Whether the server last said its models are ready; its change to true asks again.
+  private modelsReady = false;
+  private unanswered: UnansweredRequest | undefined;
 
   async start(): Promise<void> {
     const config = vscode.workspace.getConfiguration(SECTION);
@@ -346,6 +359,9 @@ class DraftwiseClient implements vscode.Disposable {
             { scheme: 'file', language },
             { scheme: 'untitled', language },
           ]);
+    this.documentSelector = documentSelector;
+    this.modelsReady = false;
+    this.unanswered = undefined;
     const clientOptions: LanguageClientOptions = {
       documentSelector,
       initializationOptions: settings,
@@ -361,6 +377,10 @@ class DraftwiseClient implements vscode.Disposable {
             const items = Array.isArray(result) ? result : result?.items ?? [];
             if (items.length > 0) {
               this.shown = { uri: document.uri.toString(), items };
+              this.unanswered = undefined;
+            } else if (!token.isCancellationRequested) {
+              // Nothing (while the models load the server answers so): asked again when they are ready.
+              this.unanswered = { uri: document.uri.toString(), version: document.version, position };
             }
             return result;
           } finally {
@@ -413,9 +433,11 @@ class DraftwiseClient implements vscode.Disposable {
       if (value.kind === 'end') {
         subscription.dispose();
         finish();
+        // The stats say whether the load ended ready (and then the editor asks again).
         void this.refreshStats();
         return;
       }
+      this.modelsReady = false;
       const percentage = value.percentage;
       const increment = percentage === undefined ? 0 : Math.max(0, percentage - lastPercentage);
       lastPercentage = percentage ?? lastPercentage;
@@ -429,11 +451,36 @@ class DraftwiseClient implements vscode.Disposable {
     clearTimeout(this.pollTimer);
     const tick = async () => {
       const stats = await this.refreshStats();
-      if (stats === undefined || stats.state === 'loading') {
+      // idle: a reload has unloaded the old models and not yet started on the new ones.
+      if (stats === undefined || stats.state === 'loading' || stats.state === 'idle') {
         this.pollTimer = setTimeout(tick, 1500);
       }
     };
     void tick();
+  }
+
+  /**
+   * The models just became ready: a request that got nothing while they loaded is asked again, so
+   * the suggestion shows without another keystroke. Only where the user still is: the same document
+   * (unchanged, one the server handles and with suggestions on) and the cursor where it was asked.
+   */
+  private askAgainAfterLoad(): void {
+    const asked = this.unanswered;
+    this.unanswered = undefined;
+    const editor = vscode.window.activeTextEditor;
+    if (asked === undefined || editor === undefined) {
+      return;
+    }
+    const document = editor.document;
+    if (document.uri.toString() !== asked.uri || document.version !== asked.version
+      || !editor.selection.isEmpty || !editor.selection.active.isEqual(asked.position)) {
+      return;
+    }
+    if (vscode.languages.match(this.documentSelector, document) === 0 || this.enablement.offReason(document) !== undefined) {
+      return;
+    }
+    this.output.info(`models ready: asking again at ${asked.position.line + 1}:${asked.position.character + 1}`);
+    void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
   }
 
   private scheduleStatsRefresh(delayMs = 300): void {
@@ -448,8 +495,16 @@ class DraftwiseClient implements vscode.Disposable {
     }
     try {
       const stats = await client.sendRequest<ServerStats>(STATS_REQUEST, {});
+      if (this.client !== client) {
+        return undefined; // restarted meanwhile
+      }
       this.lastStats = stats;
       this.status.stats(stats);
+      const wasReady = this.modelsReady;
+      this.modelsReady = stats.state === 'ready';
+      if (this.modelsReady && !wasReady) {
+        this.askAgainAfterLoad();
+      }
       return stats;
     } catch (error) {
       this.output.warn(`${STATS_REQUEST} failed: ${String(error)}`);

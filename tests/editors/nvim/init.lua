@@ -81,6 +81,14 @@ local probes = {
   pending = function()
     return require('draftwise.ghost')._pending(0)
   end,
+  -- The current buffer's file, and whether the server and the plugin's ghost text serve it.
+  attached = function()
+    local client = require('draftwise').client()
+    local bufnr = vim.api.nvim_get_current_buf()
+    local ghost = pcall(vim.api.nvim_get_autocmds, { group = 'draftwise_ghost_' .. bufnr })
+    return { name = vim.api.nvim_buf_get_name(bufnr), lsp = client ~= nil and vim.lsp.buf_is_attached(bufnr, client.id),
+      ghost = ghost, native = require('draftwise')._use_native() }
+  end,
   messages = function()
     return vim.api.nvim_exec2('messages', { output = true }).output
   end,

@@ -26,7 +26,7 @@ local TRIGGER_INVOKED, TRIGGER_AUTOMATIC = 1, 2
 ---@field items table[]    every item of the reply (an invoked request may bring several)
 ---@field index integer    which of them is shown
 
----@type table<integer, {timer: uv.uv_timer_t?, seq: integer, pending: {client: vim.lsp.Client, id: integer}?, suggestion: draftwise.Suggestion?, group: integer}>
+---@type table<integer, {timer: uv.uv_timer_t?, seq: integer, pending: {client: vim.lsp.Client, id: integer}?, suggestion: draftwise.Suggestion?, group: integer, unanswered: {row: integer, col: integer, tick: integer, kind: integer}?}>
 local buffers = {}
 
 local function draftwise()
@@ -364,13 +364,36 @@ function M.trigger(bufnr, kind)
     if now_row ~= row or now_col ~= col then
       return
     end
-    M.show_items(bufnr, client, reply_items(result), row, col, tick)
+    local shown_now = M.show_items(bufnr, client, reply_items(result), row, col, tick)
+    -- Nothing (while the models load the server answers so): asked again once they are ready, if
+    -- the cursor is still here (ask_again_after_load).
+    state.unanswered = not shown_now and { row = row, col = col, tick = tick, kind = kind or TRIGGER_AUTOMATIC } or nil
     -- At once: the statusline (and the inline timing) show this suggestion's numbers.
     draftwise().get_stats()
   end, bufnr)
   if ok and id then
     set_pending(state, { client = client, id = id })
   end
+end
+
+--- The models just became ready: asks again where a request got nothing while they loaded, if the
+--- user is still there (current buffer, insert mode, same cursor, buffer unchanged, suggestions on).
+function M.ask_again_after_load()
+  local bufnr = vim.api.nvim_get_current_buf()
+  local state = buffers[bufnr]
+  local asked = state and state.unanswered
+  for _, s in pairs(buffers) do
+    s.unanswered = nil
+  end
+  if not asked or state.pending or state.suggestion or not in_insert_mode()
+    or vim.api.nvim_buf_get_changedtick(bufnr) ~= asked.tick or not draftwise().is_enabled(bufnr) then
+    return
+  end
+  local row, col = cursor()
+  if row ~= asked.row or col ~= asked.col then
+    return
+  end
+  M.trigger(bufnr, asked.kind)
 end
 
 local function schedule(bufnr)

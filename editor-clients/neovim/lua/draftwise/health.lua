@@ -64,7 +64,8 @@ function M.check()
   )
   if stats.state == 'ready' then
     h.ok('models ready: ' .. models)
-  elseif stats.state == 'loading' then
+  elseif stats.state == 'loading' or stats.state == 'idle' then
+    -- idle: not loading yet (a reload between unloading the old models and loading the new ones)
     h.info('models loading: ' .. models)
   else
     h.error('models failed to load: ' .. tostring(stats.error))

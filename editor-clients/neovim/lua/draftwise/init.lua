@@ -69,6 +69,9 @@ M.state = {
   client_id = nil, ---@type integer?
   progress = nil, ---@type {message: string?, percentage: number?}?
   stats = nil, ---@type table? last draftwise/stats reply
+  -- Whether the server last said its models are ready (progress or stats); when it turns true, a
+  -- request that got nothing while they loaded is asked again.
+  ready = false,
   error = nil, ---@type string?
   generating = false, -- a suggestion request is in flight
   disabled = false, -- :DraftwiseDisable (everywhere)
@@ -168,12 +171,23 @@ function M.get_stats(cb)
       end
       return
     end
+    if client.id ~= M.state.client_id then
+      if cb then
+        cb(nil, 'the server was restarted meanwhile')
+      end
+      return
+    end
     M.state.stats = compat.strip_nulls(result)
-    if M.state.stats and M.state.stats.state ~= 'loading' then
+    if M.state.stats and M.state.stats.state ~= 'loading' and M.state.stats.state ~= 'idle' then
       M.state.progress = nil
     end
     if M.state.stats and M.state.stats.state == 'ready' then
       M.state.error = nil
+    end
+    local was_ready = M.state.ready
+    M.state.ready = M.state.stats ~= nil and M.state.stats.state == 'ready'
+    if M.state.ready and not was_ready and not use_native() then
+      require('draftwise.ghost').ask_again_after_load()
     end
     redraw_status()
     if M.config.show_timing_inline then
@@ -195,13 +209,14 @@ local function stop_polling()
   end
 end
 
--- Polls until the models are loaded or failed; covers a server that sends no progress.
+-- Polls until the models are loaded or failed; covers a server that sends no progress. ("idle":
+-- no models yet, e.g. a reload between unloading the old ones and loading the new ones.)
 local function poll_until_settled()
   stop_polling()
   poll_timer = compat.uv.new_timer()
   poll_timer:start(0, 1500, vim.schedule_wrap(function()
     M.get_stats(function(stats)
-      if stats and stats.state ~= 'loading' then
+      if stats and stats.state ~= 'loading' and stats.state ~= 'idle' then
         stop_polling()
       end
     end)
@@ -381,7 +396,7 @@ function M.status()
     return ('draftwise: off (%s)'):format(why)
   end
   local stats = M.state.stats
-  if M.state.progress or not stats or stats.state == 'loading' then
+  if M.state.progress or not stats or stats.state == 'loading' or stats.state == 'idle' then
     local p = M.state.progress and M.state.progress.percentage
     return p and ('draftwise: loading %d%%'):format(p) or 'draftwise: loading'
   end
@@ -485,8 +500,10 @@ local function on_progress(client_id, params)
   local value = params.value
   if value.kind == 'end' then
     M.state.progress = nil
+    -- The stats say whether the load ended ready (and then the plugin asks again).
     M.get_stats()
   else
+    M.state.ready = false
     M.state.progress = {
       message = value.message or value.title or (M.state.progress and M.state.progress.message),
       percentage = value.percentage or (M.state.progress and M.state.progress.percentage),
@@ -534,6 +551,7 @@ function M.attach(bufnr)
     on_init = function(client)
       M.state.client_id = client.id
       M.state.stats = nil
+      M.state.ready = false
       poll_until_settled()
     end,
     on_exit = function(code, signal, client_id)
@@ -549,6 +567,7 @@ function M.attach(bufnr)
         stop_polling()
         M.state.client_id = nil
         M.state.progress = nil
+        M.state.ready = false
         M.state.generating = false
         -- (:DraftwiseRestart forgets the client first, so its stop never gets here.)
         local leaving = vim.v.exiting ~= vim.NIL
@@ -641,6 +660,7 @@ function M.restart()
   end
   M.state.client_id = nil
   M.state.stats = nil
+  M.state.ready = false
   M.state.error = nil
   vim.defer_fn(function()
     for _, buf in ipairs(buffers) do
