@@ -26,9 +26,10 @@ CACHE_FILE = "exactness.json"
 VERSION = 1  # bump when the probe or a forward changes what it measures
 
 
-def positions(limit: int) -> list[int]:
-    """Where to probe: a short cache, a mid one, and one near the runner's limit."""
-    near = limit - MAX_WIDTH - 2
+def positions(limit: int, widest: int = MAX_WIDTH) -> list[int]:
+    """Where to probe: a short cache, a mid one, and one near the runner's limit (the widest forward
+    probed there still fits)."""
+    near = limit - widest - 2
     return sorted({p for p in (40, min(512, near), near) if 0 < p <= near})
 
 
@@ -39,7 +40,7 @@ def probe(runner, widths: range | None = None, limit: int | None = None) -> dict
     difference}, "positions"}."""
     widths = widths or range(2, MAX_WIDTH + runner.prompt_tail)
     limit = limit or getattr(runner, "max_positions", 2048)
-    where = positions(limit)
+    where = positions(limit, max(widths))
     ids = synthetic_tokens(runner.vocab_size, max(where) + max(widths) + 1)
     per_width: dict[int, float] = {w: 0.0 for w in widths}
     runner.start([], "__exactness__")

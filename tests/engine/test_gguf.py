@@ -88,7 +88,8 @@ def test_drafts_are_no_wider_than_the_widest_exact_forward(engine):
     assert all(d == 0.0 for w, d in per_width.items() if w <= runner.exact_width)
     if runner.exact_width < max(per_width):
         assert per_width[runner.exact_width + 1] > 0.0
-    assert runner.exactness["positions"] == exactness.positions(runner.max_positions)
+    assert runner.exactness["positions"] == exactness.positions(runner.max_positions, max(per_width))
+    assert max(runner.exactness["positions"]) + max(per_width) <= runner.context_limit  # the widest fits
     assert engine.models.cost.max_draft == max(0, min(16, runner.exact_width - 1))
     # the first forward's prompt tail and a draft fit in the exact width together
     assert runner.prompt_tail + engine.models.cost.max_draft <= max(runner.exact_width, 1)
