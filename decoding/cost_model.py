@@ -21,6 +21,8 @@ from decoding.drafters.base import Offer
 PRIORS = {
     "lookup:n8": (3.0, 1.0), "lookup:n6": (2.5, 1.0), "lookup:n4": (2.0, 1.5), "lookup:n3": (1.5, 1.5),
     "lookup:n2": (1.0, 2.0), "lookup:n1": (0.5, 2.5), "suggestion": (8.0, 1.0), "model": (3.0, 1.0),
+    # matches in the repository beyond the prompt (drafters/lookup.py): less about this request
+    "repo:n6": (2.0, 1.5), "repo:n4": (1.5, 1.5), "repo:n3": (1.0, 2.0),
 }
 GLOBAL_WEIGHT = 0.25  # how much earlier requests count next to this one
 GLOBAL_DECAY = 0.995

@@ -11,6 +11,7 @@ from typing import Callable
 
 from decoding.api import CancelToken, CompletionRequest, CompletionResult
 from decoding.errors import DraftwiseError
+from decoding.typing_along import agrees
 
 
 class Job:
@@ -57,12 +58,6 @@ class Job:
         # Shielded: cancelling the awaiting task must not cancel the engine's future (call cancel()
         # to stop the generation; the job then resolves with stopped="cancelled").
         return asyncio.shield(asyncio.wrap_future(self.future)).__await__()
-
-
-def agrees(text: str, typed: str) -> bool:
-    """`text` and `typed` are the same up to the shorter one's length."""
-    n = min(len(text), len(typed))
-    return text[:n] == typed[:n]
 
 
 class JobRegistry:

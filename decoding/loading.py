@@ -100,7 +100,7 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     cost = CostModel(measure_forward_times(runner, repeats=3 if cfg.measure_cost else 1),
                      max_draft=max(0, min(16, runner.exact_width - 1)))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
-                          runner, cost, {"lookup": LookupDrafter(), "suggestion": SuggestionDrafter(target.tokenizer)},
+                          runner, cost, {"lookup": LookupDrafter(encode=prompts.encode), "suggestion": SuggestionDrafter(target.tokenizer)},
                           healing=prompts.blank_healing(runner.vocab_size), max_tokens=cfg.max_tokens)
     if not runner.verify_exact:
         models.drafting_off = (f"{target.weights} weights: a verify forward's logits differ from one-token steps' "

@@ -30,7 +30,7 @@ class DraftPolicy:
         healed = healing.healed if healing is not None else ""
         hint = healed + request.draft_hint if request.draft_hint else ""
         ctx = DraftContext(prompt_ids, request.prefix, request.suffix, request.document, sampler, cancel, hint,
-                           healing.allowed([]) if healing is not None else None)
+                           healing.allowed([]) if healing is not None else None, tuple(request.lookup_texts))
         for d in self.drafters.values():
             d.begin(ctx)
 

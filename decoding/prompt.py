@@ -182,7 +182,8 @@ class PromptBuilder:
         prefix's last blank out (a local model writes it: decoding/healing.py)."""
         context = [replace(f, text=valid_text(f.text)) for f in request.context]
         return self.build(valid_text(request.prefix), valid_text(request.suffix), request.path, context,
-                          budget=request.context_tokens, heal=heal)
+                          budget=request.context_tokens, heal=heal, repo=valid_text(request.repo),
+                          reserve=request.context_reserve_tokens)
 
     @staticmethod
     def _healed(prefix: str, heal: bool) -> tuple[str, str]:
@@ -190,8 +191,27 @@ class PromptBuilder:
         its last character, when that is a blank."""
         return (prefix[:-1], prefix[-1]) if heal and is_blank(prefix[-1:]) else (prefix, "")
 
+    def _files_header(self, context: Sequence[ContextFile], path: str, repo: str, room: int) -> tuple[list[int], int]:
+        """Other files in the family's repository format (Qwen2.5-Coder: `<|repo_name|>name`, then
+        `<|file_sep|>path` and the text of each file, the current file's path last), as many whole
+        files as fit in `room` tokens. Returns the ids and how many files made it in."""
+        t, sp = self.template, self._special
+        header = [sp[t.repo_name]] + self.encode(f"{repo}\n") if repo and t.repo_name in sp else []
+        closing = [sp[t.file_sep]] + self.encode(f"{path or 'current'}\n")
+        room -= len(header) + len(closing)
+        used = 0
+        for f in context:
+            ids = [sp[t.file_sep]] + self.encode(f"{f.path}\n{f.text.rstrip()}\n")
+            if len(ids) > room:
+                continue  # a smaller file later in the list may still fit
+            header += ids
+            room -= len(ids)
+            used += 1
+        return (header + closing, used) if used else ([], 0)
+
     def build(self, prefix: str, suffix: str = "", path: str = "", context: Sequence[ContextFile] = (),
-              budget: int | None = None, heal: bool = False) -> PromptParts:
+              budget: int | None = None, heal: bool = False, repo: str = "", reserve: int = 0) -> PromptParts:
+        """reserve: tokens of the budget the context files get before the prefix (at most half of it)."""
         t, sp = self.template, self._special
         budget = budget or self.budget
         prefix, healed = self._healed(prefix, heal)
@@ -200,20 +220,12 @@ class PromptBuilder:
             return PromptParts(pre_ids, dropped, 0, 0, healed)
         suf_ids, suf_kept = self._fit_suffix(self._suffix_text(suffix), self.suffix_budget_for(budget))
         prefix_budget = budget - len(suf_ids) - 8
-        pre_ids, dropped = self._fit_prefix(prefix, prefix_budget)
-        header: list[int] = []
-        used_files = 0
-        room = prefix_budget - len(pre_ids)
+        header, used_files = [], 0
         if t.file_sep and t.file_sep in sp and context:
-            for f in context:
-                ids = [sp[t.file_sep]] + self.encode(f"{f.path}\n{f.text.rstrip()}\n")
-                if len(ids) > room:
-                    continue  # a smaller file later in the list may still fit
-                header += ids
-                room -= len(ids)
-                used_files += 1
-            if used_files:
-                header += [sp[t.file_sep]] + self.encode(f"{path or 'current'}\n")
+            header, used_files = self._files_header(context, path, repo, min(reserve, prefix_budget // 2))
+        pre_ids, dropped = self._fit_prefix(prefix, prefix_budget - len(header))
+        if t.file_sep and t.file_sep in sp and context and not reserve:
+            header, used_files = self._files_header(context, path, repo, prefix_budget - len(pre_ids))
         if t.family == "codellama":  # "<PRE> {prefix} <SUF>{suffix} <MID>"
             ids = header + [sp[t.prefix]] + self.encode(" ") + pre_ids + self.encode(" ") + [sp[t.suffix]] + suf_ids + self.encode(" ") + [sp[t.middle]]
         else:

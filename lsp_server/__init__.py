@@ -5,10 +5,16 @@ Where things live:
 - `protocol.py`     the JSON-RPC envelope and the LSP life cycle, where pygls leaves them out
 - `transport.py`    reading framed messages off stdio or TCP; exit codes
 - `completions.py`  what a completion request does, from cursor to item
+- `cursor.py`       where the cursor is: the line around it, mid-word or not
+- `suggestions.py`  a suggestion as LSP items, and what the user accepted of it
+- `prediction.py`   idle work: the suggestion computed before it is asked for, followed while typing
+- `idle_work.py`    when idle work starts: the pause timer, read-ahead and prefetch
+- `repository_context.py` the workspace index (decoding/repository/) kept current, and each request's share
 - `engine_host.py`  owns the engine: background load with progress, submit/cancel, staleness, stats
 - `documents.py`    open documents, position encodings (utf-8/16/32), context from other files
 - `postprocess.py`  shaping model text into an edit: single line vs block, brackets, indentation
 - `typeahead.py`    answering at once while the user types along a shown suggestion
+  (whether typing agrees with a suggestion: decoding/typing_along.py, for server and engine alike)
 - `config.py`       settings from initializationOptions / didChangeConfiguration
 - `progress.py`     work-done progress while models load
 - `cli.py`          the `draftwise` command (serve, complete, bench, models)

@@ -5,7 +5,7 @@ Editors send these keys (camelCase, as in editor settings files), either at the 
 `draftwise` section:
 
     target, draft, drafter, maxTokens, device, dtype, weights, draftWeights, temperature, contextTokens,
-    languages, scope, alternatives, idleWork, maxTimeMs
+    languages, scope, alternatives, idleWork, maxTimeMs, repoContext, repoContextTokens
 
 A bad value never takes the server down: that key keeps its previous value and the problem comes back
 as one clear sentence for the user. Unknown keys are ignored (and logged by the caller).
@@ -27,6 +27,7 @@ CONTEXT_TOKENS_RANGE = (64, 131072)
 TEMPERATURE_RANGE = (0.0, 2.0)
 ALTERNATIVES_RANGE = (1, 10)
 MAX_TIME_MS_RANGE = (0, 600_000)
+REPO_CONTEXT_TOKENS_RANGE = (0, 65536)
 
 # Changing any of these means different weights: the engine reloads. (The prompt budget, drafter,
 # max tokens and temperature travel with each request.)
@@ -45,6 +46,11 @@ class Settings:
     # prefetch brings the rest when they are taken); 0: no cap. The typing replay chose the value
     # (docs/performance.md, "What typing feels like").
     max_time_ms: int = 150
+    # The repository as context (decoding/repository/): definitions of the names near the cursor and
+    # the most similar code of other files, in this many tokens of the prompt budget (at most half);
+    # and the repository lookup drafter. False: other open files only, as context.
+    repo_context: bool = True
+    repo_context_tokens: int = 512
 
     def serves_language(self, language_id: str) -> bool:
         return self.languages is None or language_id in self.languages
@@ -144,6 +150,8 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "alternatives": (_int_range(*ALTERNATIVES_RANGE), "alternatives"),
     "idleWork": (_bool, "idle_work"),
     "maxTimeMs": (_int_range(*MAX_TIME_MS_RANGE), "max_time_ms"),
+    "repoContext": (_bool, "repo_context"),
+    "repoContextTokens": (_int_range(*REPO_CONTEXT_TOKENS_RANGE), "repo_context_tokens"),
 }
 KNOWN_KEYS = tuple(_KEYS)
 

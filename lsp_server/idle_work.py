@@ -9,12 +9,12 @@ adds to the wait. Where the editor will not ask, or will be answered from a show
 
 The user often goes on typing what that suggestion says (the end of a word, the `)` and the Enter
 of a line). Then it is not stopped: it runs on, and the request at the next pause is answered from
-its rest (Completions.follow_typing, Completions.suggest), with a head start of every keystroke
-typed along it. It stops itself at the first token that differs from the typing (Job.expect), and
-idle work starts again where the cursor is. Where the time cap ended it at a line end, the line
-after is computed next, as if the user had typed it; where the model ended it at the end of its line,
-the next is the request after an Enter there (`Prediction`): after an Enter along the prediction, the
-next line is on screen as soon as the editor asks.
+its rest (lsp_server/prediction.py: Predictor.follow_typing, Predictor.answer), with a head start of
+every keystroke typed along it. It stops itself at the first token that differs from the typing
+(Job.expect), and idle work starts again where the cursor is. Where the time cap ended it at a line
+end, the line after is computed next, as if the user had typed it; where the model ended it at the
+end of its line, the next is the request after an Enter there (`Prediction`): after an Enter along
+the prediction, the next line is on screen as soon as the editor asks.
 
 It is idle work: any other request the user waits for cancels it within one forward, an edit that
 leaves it cancels it, it stays inside the cache budget (the KV store evicts as for any request), and
@@ -39,6 +39,7 @@ QUIET_S = 0.02
 class IdleWork:
     def __init__(self, completions, host, settings: Callable[[], Settings], quiet_s: float = QUIET_S) -> None:
         self.completions = completions  # lsp_server.completions.Completions: builds the request
+        self.predictor = completions.predictor  # lsp_server.prediction.Predictor: idle work's suggestion
         self.host = host  # lsp_server.engine_host.EngineHost
         self.settings = settings
         self.quiet_s = quiet_s
@@ -54,12 +55,12 @@ class IdleWork:
             self._timer = None
         settings = self.settings()
         if not settings.idle_work or doc.edit_end is None or not settings.serves_language(doc.language_id):
-            self.completions.stop_prediction()
+            self.predictor.stop()
             return None
-        running_along = self.completions.follow_typing(doc, doc.edit_end)
+        running_along = self.predictor.follow_typing(doc, doc.edit_end)
         if running_along is not None:
             return running_along
-        self.completions.stop_prediction()  # the typing left it (a finished one stays to answer from)
+        self.predictor.stop()  # the typing left it (a finished one stays to answer from)
         self._timer = asyncio.get_running_loop().call_later(self.quiet_s, self._start, doc, doc.version)
         return None
 
@@ -68,11 +69,11 @@ class IdleWork:
         if doc.version != version or doc.edit_end is None or not self.host.ready:
             return  # edited again (a newer timer runs), or no engine yet
         try:
-            if self.completions.extend_prediction(doc, doc.edit_end):
+            if self.predictor.extend(doc, doc.edit_end):
                 return  # the user typed along the prediction to within a line of its end
             request, generate = self.completions.idle_request(doc, doc.edit_end)
             if generate:
-                self.completions.predict(doc, version, request, self._prediction_ended)
+                self.predictor.start(doc, version, request, self._prediction_ended)
             else:
                 self.host.prepare(request)
         except Exception:  # idle work must never disturb the server
@@ -85,7 +86,7 @@ class IdleWork:
         doc = prediction.doc
         if prediction.job.cancel_token.cancelled and not prediction.job.diverged:
             return  # stopped by an edit (which started idle work of its own) or by a request
-        if (self._timer is None and doc.version != prediction.version and self.completions.prediction is prediction
+        if (self._timer is None and doc.version != prediction.version and self.predictor.latest is prediction
                 and self.completions.documents.get(doc.uri) is doc and self.settings().idle_work):
             self._timer = asyncio.get_running_loop().call_soon(self._start, doc, doc.version)
 
@@ -93,4 +94,4 @@ class IdleWork:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.completions.stop_prediction()
+        self.predictor.stop()

@@ -17,15 +17,15 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from decoding.api import EngineConfig
-from lsp_server.completions import (
-    ACCEPTED_COMMAND, PARTIALLY_ACCEPTED_COMMAND, Completions, completion_result, inline_result,
-)
+from lsp_server.completions import Completions
 from lsp_server.config import KNOWN_KEYS, SECTION as SETTINGS_SECTION, Settings, apply_settings
 from lsp_server.documents import DocumentStore
 from lsp_server.engine_host import EngineHost
 from lsp_server.idle_work import IdleWork
 from lsp_server.progress import LoadProgress
 from lsp_server.protocol import DraftwiseProtocol, arrival_version
+from lsp_server.repository_context import RepositoryService
+from lsp_server.suggestions import ACCEPTED_COMMAND, PARTIALLY_ACCEPTED_COMMAND, completion_result, inline_result
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,9 @@ class DraftwiseServer(LanguageServer):
         self.documents = DocumentStore()
         self.engine_host = EngineHost(self.settings)
         self.engine_host.on_notice = self.show_engine_notice
+        self.repository = RepositoryService()
         self.completions = Completions(self.documents, self.engine_host, lambda: self.settings,
-                                       self.workspace_folders)
+                                       self.workspace_folders, self.repository)
         self.idle_work = IdleWork(self.completions, self.engine_host, lambda: self.settings)
         self.client_has_inline_completion = False
         self.client_reads_markdown_docs = False
@@ -102,7 +103,33 @@ class DraftwiseServer(LanguageServer):
     def apply_configuration(self, raw: Any, where: str) -> None:
         self.settings = self.update_settings(raw, where)
         self.show_pending_problems()
+        self.index_workspace()
         self.spawn(self.configure_engine(self.settings))  # reloads only when the models change
+
+    def index_workspace(self) -> None:
+        """The repository context's index, over the workspace folders (in the background)."""
+        if self.settings.repo_context:
+            self.repository.start(self.workspace_folders())
+        else:
+            self.repository.close()
+
+    def watch_files(self) -> None:
+        """Ask the client to tell us of file changes outside the editor (a checkout, a generator)."""
+        caps = getattr(self.protocol, "client_capabilities", None)
+        watched = caps and caps.workspace and caps.workspace.did_change_watched_files
+        if not (watched and watched.dynamic_registration and self.settings.repo_context):
+            return
+        options = types.DidChangeWatchedFilesRegistrationOptions(watchers=[types.FileSystemWatcher(glob_pattern="**/*")])
+
+        async def register() -> None:
+            try:
+                await self.client_register_capability_async(types.RegistrationParams(registrations=[
+                    types.Registration(id="draftwise-watched-files", method=types.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+                                       register_options=options)]))
+            except Exception as err:  # noqa: BLE001 - saves and opened files still keep the index current
+                log.info("the client did not register the file watcher: %s", err)
+
+        self.spawn(register())
 
     def client_serves_configuration(self) -> bool:
         caps = getattr(self.protocol, "client_capabilities", None)
@@ -153,7 +180,8 @@ class DraftwiseServer(LanguageServer):
         engine = self.engine_host.stats()
         return {**engine, "timing": last_timing(self.completions.last_stats),
                 "suggestions": self.completions.counts.to_dict(),
-                "positionEncoding": self.documents.encoding, "openDocuments": len(self.documents)}
+                "positionEncoding": self.documents.encoding, "openDocuments": len(self.documents),
+                "repoContext": self.repository.stats() if self.settings.repo_context else None}
 
 
 def last_timing(last: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -196,6 +224,8 @@ def _add_life_cycle(server: DraftwiseServer) -> None:
     def initialized(ls: DraftwiseServer, params: types.InitializedParams) -> None:
         ls.show_pending_problems()
         ls.spawn(ls.configure_engine(ls.settings))
+        ls.index_workspace()
+        ls.watch_files()
 
     @server.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(ls: DraftwiseServer, params: types.DidChangeConfigurationParams) -> None:
@@ -204,8 +234,23 @@ def _add_life_cycle(server: DraftwiseServer) -> None:
         else:
             ls.apply_configuration(params.settings, "workspace/didChangeConfiguration")
 
+    @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+    def did_change_folders(ls: DraftwiseServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
+        ls.index_workspace()  # pygls has updated ls.workspace.folders
+
+    @server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+    def did_change_watched_files(ls: DraftwiseServer, params: types.DidChangeWatchedFilesParams) -> None:
+        for change in params.changes:
+            if ls.documents.get(change.uri) is not None:
+                continue  # open: the editor's text is what counts, and didSave brings it
+            if change.type == types.FileChangeType.Deleted:
+                ls.repository.file_deleted(change.uri)
+            else:
+                ls.repository.file_changed(change.uri)
+
     @server.feature(types.SHUTDOWN)
     async def shutdown(ls: DraftwiseServer, params: None) -> None:
+        ls.repository.close()
         ls.idle_work.close()
         await ls.engine_host.close(wait_s=2.0)
 
@@ -215,6 +260,7 @@ def _add_document_sync(server: DraftwiseServer) -> None:
     def did_open(ls: DraftwiseServer, params: types.DidOpenTextDocumentParams) -> None:
         doc = params.text_document
         ls.documents.open(doc.uri, doc.language_id, doc.version, doc.text)
+        ls.repository.file_changed(doc.uri, doc.text)  # the editor's text, saved or not
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DraftwiseServer, params: types.DidChangeTextDocumentParams) -> None:
@@ -228,6 +274,12 @@ def _add_document_sync(server: DraftwiseServer) -> None:
         ls.documents.close(params.text_document.uri)
         ls.engine_host.document_closed(params.text_document.uri)
         ls.completions.document_closed(params.text_document.uri)
+        ls.repository.document_closed(params.text_document.uri)
+
+    @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(ls: DraftwiseServer, params: types.DidSaveTextDocumentParams) -> None:
+        doc = ls.documents.get(params.text_document.uri)
+        ls.repository.file_changed(params.text_document.uri, doc.text if doc is not None else None)
 
 
 def _add_completions(server: DraftwiseServer) -> None:

@@ -6,15 +6,14 @@
   engine with the request, and its suggestion drafter proposes it (verified in one forward).
 
 The engine is still asked; its answer replaces the remembered suggestion for the keystrokes after.
+Whether the typing agrees with a suggestion, and what of it remains, is decoding/typing_along.py's rule.
 """
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-# Characters an editor inserts by itself while the user types along (auto-closing `(` adds `)`):
-# they appear between the cursor and the old suffix without breaking the continuation.
-AUTO_INSERTED = frozenset(")]}\"'`")
+from decoding.typing_along import remains, typed_since
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,8 @@ class TypeAheadMemory:
             whole = entry.prefix + entry.text
             # The new prefix must share everything up to the old cursor's line and lie along `whole`.
             cut = entry.prefix.rfind("\n") + 1
-            if len(prefix) >= cut and whole.startswith(prefix) and prefix[:cut] == entry.prefix[:cut]:
-                rest = whole[len(prefix):]
+            if len(prefix) >= cut and prefix[:cut] == entry.prefix[:cut]:
+                rest = remains(whole, prefix)
                 if rest:
                     return rest
         return ""
@@ -70,18 +69,5 @@ class TypeAheadMemory:
 
 def _typed_along(shown: ShownSuggestion, prefix: str, suffix: str) -> str | None:
     typed = typed_since(shown.prefix, shown.suffix, prefix, suffix)
-    if typed is None or not shown.text.startswith(typed) or len(typed) >= len(shown.text):
-        return None
-    return shown.text[len(typed):]
-
-
-def typed_since(old_prefix: str, old_suffix: str, prefix: str, suffix: str) -> str | None:
-    """What the user typed at a cursor that had `old_prefix` before it and `old_suffix` after, if
-    the document now reads `prefix + suffix` because of that typing alone (auto-closed characters
-    the editor added after the cursor allowed); None otherwise."""
-    if not prefix.startswith(old_prefix) or not suffix.endswith(old_suffix):
-        return None
-    inserted_right = suffix[: len(suffix) - len(old_suffix)]
-    if any(ch not in AUTO_INSERTED for ch in inserted_right):
-        return None
-    return prefix[len(old_prefix):]
+    rest = remains(shown.text, typed) if typed is not None else None
+    return rest or None  # typed to its end: nothing left to show

@@ -70,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--quality-cases", type=_positive, default=0, metavar="N",
                    help="score completion quality on N more cases per weight format (and llama.cpp Q4), "
                         "untimed (default: %(default)s; the timed cases are always scored)")
+    g.add_argument("--crossfile", type=_positive, default=0, metavar="N",
+                   help="also run N cross-file cases (the removed line uses a name defined in another file of its "
+                        "package): quality with and without the repository context, lookup with and without the "
+                        "repository index; with --limit 0, only these (default: %(default)s)")
     g.add_argument("--serve-rss", action="store_true",
                    help="also start `draftwise serve` once per format and measure its resident memory")
     g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
@@ -135,8 +139,8 @@ def load_engines(config, formats: list[str], say) -> tuple[dict, object, str]:
 def run(args) -> int:
     from decoding.api import EngineConfig
 
-    if args.limit < 1:
-        raise DraftwiseError("--limit must be at least 1")
+    if args.limit < 1 and not getattr(args, "crossfile", 0):
+        raise DraftwiseError("--limit must be at least 1 (or 0 with --crossfile N)")
     if args.repeats < 1:
         raise DraftwiseError("--repeats must be at least 1")
     for flag in ("plot", "json_path"):
@@ -150,6 +154,8 @@ def run(args) -> int:
             raise DraftwiseError("--plot needs matplotlib (pip install 'draftwise[bench]')") from exc
     modes = parse_modes(args.modes)
     formats = parse_formats(getattr(args, "weights_arg", None))
+    if args.limit == 0:
+        return _crossfile_only(args, formats[0])
     try:
         languages = parse_languages(args.languages)
         cases = sample_cases(args.limit + args.quality_cases, seed=args.seed, languages=languages, corpus=args.corpus)
@@ -209,6 +215,7 @@ def run(args) -> int:
             bench.progress = step
             bench.plan_modes = lambda: planned  # already decided (and the llama.cpp probe already run)
             bench.run()
+        crossfile = _crossfile(args, engine) if args.crossfile else None
     finally:
         for e in {id(e): e for e in [*engines.values(), reference]}.values():
             e.close()
@@ -239,9 +246,61 @@ def run(args) -> int:
         "load_average_1min": {"before": load_before, "after": load_after},
     }
     data = build_report_data(bench, list(ALL_MODES), config_out)
+    if crossfile is not None:
+        data["crossfile"] = crossfile
     print(report.markdown(data))
     if args.json_path:
         report.write_json(data, args.json_path)
     if args.plot:
         report.plot(data, args.plot)
+    return 0
+
+
+def _crossfile(args, engine) -> dict:
+    from tqdm import tqdm
+
+    from decoding.bench.crossfile import crossfile_cases, run_crossfile
+
+    try:
+        cases, indexes = crossfile_cases(args.crossfile, seed=args.seed, languages=parse_languages(args.languages),
+                                         corpus=args.corpus)
+    except CorpusError as exc:
+        raise DraftwiseError(str(exc)) from exc
+    if not cases:
+        raise DraftwiseError("no cross-file cases found: no package with a line that uses another file's name")
+    with tqdm(total=len(cases) * 4, desc="cross-file", unit="run", file=sys.stderr) as bar:
+        def step(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+        result = run_crossfile(engine, cases, indexes, getattr(args, "max_tokens", None) or 48, step)
+    for index in indexes.values():
+        index.close()
+    return result
+
+
+def _crossfile_only(args, weights: str) -> int:
+    """`--limit 0 --crossfile N`: the cross-file cases alone, on one engine."""
+    import json
+
+    from decoding.api import EngineConfig
+    from decoding.bench import report
+    from decoding.engine import Engine
+
+    config = EngineConfig(target=args.target, weights=weights, max_tokens=getattr(args, "max_tokens", None) or 48,
+                          device=getattr(args, "device", "auto"),
+                          context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens))
+    engine = Engine(config)
+    engine.load()
+    try:
+        data = {"config": {"target": args.target, "weights": engine.models.target.weights, "seed": args.seed,
+                           "context_tokens": config.context_tokens, "max_tokens": config.max_tokens,
+                           "exact": engine.models.target_runner.verify_exact,
+                           "command": "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:])},
+                "crossfile": _crossfile(args, engine)}
+    finally:
+        engine.close()
+    print(report.crossfile_markdown(data["crossfile"]))
+    if args.json_path:
+        Path(args.json_path).write_text(json.dumps(data, indent=1))
     return 0

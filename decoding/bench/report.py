@@ -133,6 +133,30 @@ def markdown(data: Mapping) -> str:
             met = "–" if g["met"] is None else ("yes" if g["met"] else "**no**")
             lines.append(f"| {g['goal']} | {g['value']} | {g['target']} | {met} |")
     lines += ["", f"Timing: {cfg.get('timing_method', '')}"]
+    if data.get("crossfile"):
+        lines += ["", crossfile_markdown(data["crossfile"])]
+    return "\n".join(lines) + "\n"
+
+
+def crossfile_markdown(crossfile: Mapping) -> str:
+    """The cross-file table (decoding/bench/crossfile.py): each row a cold run per case."""
+    summary = crossfile["summary"]
+    cases = crossfile["cases"]
+    shown = sum(bool(c.get("shown")) for c in cases)
+    lines = [f"### Cross-file cases: {len(cases)} (the name's definition shown in {shown})", "",
+             "| run | first line exact | similarity (median) | prompt tokens (median) | p50 ms | acceptance | "
+             "tokens/forward | repository drafts |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for mode in ("plain", "plain+repo", "lookup+repo", "lookup+index"):
+        s = summary.get(mode)
+        if s:
+            lines.append(f"| {mode} | {_pct(s['first_line_exact'])} | {_fmt(s['similarity_median'])} | "
+                         f"{_fmt(s['prompt_tokens_median'], '.0f')} | {_fmt(s['total_ms_median'], '.0f')} | "
+                         f"{_pct(s['acceptance'])} | {_fmt(s['tokens_per_forward'])} | {s['repo_drafted']} |")
+    if "paired" in summary:
+        p = summary["paired"]
+        lines += ["", f"Paired over {p['cases']} cases: the repository context made {p['repo_right_plain_wrong']} "
+                      f"first lines right and {p['plain_right_repo_wrong']} wrong. Lookup with and without the index "
+                      f"wrote identical text: {summary['lookup_identical_text']}."]
     return "\n".join(lines) + "\n"
 
 

@@ -39,6 +39,7 @@ class DraftContext:
     cancel: Any = None  # decoding.api.CancelToken: a drafter that runs a model checks it between chunks
     draft_hint: str = ""  # text the user is probably typing next (CompletionRequest.draft_hint)
     first_allowed: Any = None  # bool [vocab]: the tokens the first generated one may be (decoding/healing.py)
+    lookup_texts: tuple[str, ...] = ()  # the repository beyond the prompt (CompletionRequest.lookup_texts)
 
 
 class Drafter:

@@ -7,6 +7,7 @@ stale or wrong hint costs one forward and never changes the output.
 from __future__ import annotations
 
 from decoding.drafters.base import Draft, DraftContext, Drafter, Offer
+from decoding.typing_along import remains
 
 
 class SuggestionDrafter(Drafter):
@@ -23,10 +24,9 @@ class SuggestionDrafter(Drafter):
         self._prompt_len = len(ctx.prompt_ids)
 
     def _remaining(self, seq: list[int]) -> list[int]:
-        generated = seq[self._prompt_len:]
-        if self._draft[:len(generated)] != generated:
-            return []  # the target went another way; the hint no longer applies
-        return self._draft[len(generated):]
+        # What the target generated is "typed" along the hint; where it went another way, the hint
+        # no longer applies.
+        return remains(self._draft, seq[self._prompt_len:]) or []
 
     def offer(self, seq: list[int], room: int) -> Offer | None:
         n = min(len(self._remaining(seq)), room) if self._draft else 0

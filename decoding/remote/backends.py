@@ -269,5 +269,45 @@ class LlamaCppInfillBackend:
         await self.client.aclose()
 
 
+# The engine's own speculative-decoding counters on its Prometheus endpoint (vLLM names; a server
+# without them reports none).
+SPECULATION_COUNTERS = {"drafted": "vllm:spec_decode_num_draft_tokens_total",
+                        "accepted": "vllm:spec_decode_num_accepted_tokens_total"}
+
+
+def parse_counters(text: str, names: dict[str, str]) -> dict[str, float]:
+    """Prometheus text format: the sum over labels of each named sample."""
+    wanted = {metric: key for key, metric in names.items()}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        metric = line.split("{", 1)[0].split(" ", 1)[0]
+        if metric in wanted:
+            try:
+                out[wanted[metric]] = out.get(wanted[metric], 0.0) + float(line.rsplit(" ", 1)[1])
+            except (ValueError, IndexError):
+                continue
+    return out
+
+
+async def speculation_counters(spec: RemoteSpec, api_key: str | None) -> dict[str, float] | None:
+    """The server's cumulative draft and accepted token counts from /metrics, or None where it has
+    no such counters (or no /metrics)."""
+    import httpx
+
+    root = spec.url.rstrip("/").removesuffix("/v1")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with httpx.AsyncClient(timeout=2.0, verify=_verify(spec)) as client:
+            reply = await client.get(f"{root}/metrics", headers=headers)
+    except httpx.HTTPError:
+        return None
+    if reply.status_code != 200:
+        return None
+    counters = parse_counters(reply.text, SPECULATION_COUNTERS)
+    return counters if len(counters) == len(SPECULATION_COUNTERS) else None
+
+
 def make_backend(spec: RemoteSpec, api_key: str | None):
     return OpenAIBackend(spec, api_key) if spec.api == "openai" else LlamaCppInfillBackend(spec, api_key)

@@ -171,6 +171,11 @@ class Engine:
         self._last: RemoteRequestStats | None = None
         self._requests = 0
         self._closed = False
+        self._api_key: str | None = None
+        # The server's own speculation, as its /metrics count it: the counters at the last reading and
+        # the draft/accepted tokens they grew by while draftwise's requests ran (None: no such counters).
+        self._spec_counters: dict[str, float] | None = None
+        self.speculation: dict[str, float] | None = None
 
     # ---- the event loop thread -------------------------------------------------------------------
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -205,7 +210,7 @@ class Engine:
 
     async def _load(self, progress: Progress) -> None:
         try:
-            key = api_key_from_env(self.spec.api_key_env)
+            key = self._api_key = api_key_from_env(self.spec.api_key_env)
             if self.spec.api == "openai":
                 progress(f"loading the tokenizer for {self.spec.model}", 0.1)
                 self.tokenizer, self.tokenizer_source = await asyncio.to_thread(load_tokenizer, self.spec)
@@ -219,6 +224,9 @@ class Engine:
             progress(f"contacting {self.spec.display}", 0.6)
             # Not reachable now is not a failed load: the server may start later; requests retry.
             await self._check_server()
+            self._spec_counters = await backends.speculation_counters(self.spec, key)
+            if self._spec_counters is not None:
+                self.speculation = {"drafted": 0, "accepted": 0}
             log.info("remote engine ready: %s (tokenizer %s, API key %s, health %s)", self.spec.display,
                      self.tokenizer_source or "the server's", "set" if key else "not set", self.health)
             progress("ready", 1.0)
@@ -369,7 +377,22 @@ class Engine:
         stats.target_forwards = streamed.chunks
         if not stats.prompt_tokens:
             stats.prompt_tokens = stats.server.get("prompt_tokens") or stats.server.get("tokens_evaluated") or 0
+        if self._spec_counters is not None:  # after the answer: the reading never delays it
+            asyncio.get_running_loop().create_task(self._read_speculation())
         return self._record(CompletionResult(streamed.final_text(stats.stopped, final_rule), stats))
+
+    async def _read_speculation(self) -> None:
+        """Add what the server's speculation counters grew by since the last reading. The server counts
+        every client's requests; with draftwise its only client, that is draftwise's."""
+        now = await backends.speculation_counters(self.spec, self._api_key)
+        if now is None or self._spec_counters is None:
+            return
+        with self._lock:
+            before, self._spec_counters = self._spec_counters, now
+            for key in ("drafted", "accepted"):
+                grew = now[key] - before[key]
+                if grew >= 0:  # a restarted server starts its counters again
+                    self.speculation[key] += int(grew)
 
     async def _answer(self, job: RemoteJob, stats: RemoteRequestStats, text_rule, streamed: "_Streamed",
                       deadline_s: float) -> None:
@@ -446,7 +469,16 @@ class Engine:
     def remote_status(self) -> dict:
         return {"api": self.spec.api, "url": self.spec.url, "model": self.spec.model or None,
                 "health": self.health, "problem": self.problem, "servedModels": self.served_models,
-                "timeoutS": self.spec.timeout_s, "apiKeyEnv": self.spec.api_key_env}
+                "timeoutS": self.spec.timeout_s, "apiKeyEnv": self.spec.api_key_env,
+                "speculation": self._speculation_report()}
+
+    def _speculation_report(self) -> dict | None:
+        """The server's own speculative decoding over draftwise's requests (None: it reports none)."""
+        if self.speculation is None:
+            return None
+        drafted, accepted = self.speculation["drafted"], self.speculation["accepted"]
+        return {"drafted": drafted, "accepted": accepted,
+                "acceptance": round(accepted / drafted, 3) if drafted else None}
 
     def info(self) -> dict:
         return {

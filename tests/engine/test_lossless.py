@@ -88,3 +88,27 @@ def test_draft_model_acceptance_is_recorded_per_drafter(engine):
     assert s.drafted_by.get("model", 0) == s.drafted_tokens > 0
     assert s.accepted_by.get("model", 0) == s.accepted_tokens
     assert s.target_forwards <= s.generated_tokens + 1
+
+
+def test_repository_lookup_drafts_are_verified_like_every_draft(engine):
+    """lookup_texts (the repository beyond the prompt) hold the model's own continuation with a wrong
+    turn in its middle: their drafts are accepted up to the turn and rejected after it, and the text
+    is plain greedy decoding's."""
+    partial = drafted_repo = 0
+    for i, (prefix, suffix) in enumerate(random_prompts(12, seed=11)):
+        base = CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=48)
+        expected = reference_greedy(engine, base, 48)
+        if len(expected) < 8:
+            continue
+        half = len(expected) // 2
+        # The tail of the prefix leads into the stored text, so the repository's n-grams match there.
+        stored = prefix[-40:] + expected[:half] + " wrong turn " + expected[half:]
+        req = CompletionRequest(prefix=prefix, suffix=suffix, scope="full", max_tokens=48, drafter="lookup",
+                                document=f"repo-{i}", lookup_texts=(stored, "unrelated text " * 20))
+        result = engine.complete(req)
+        assert result.text == expected, f"prompt {i}"
+        repo_drafted = result.stats.drafted_by.get("repo", 0)
+        repo_accepted = result.stats.accepted_by.get("repo", 0)
+        drafted_repo += repo_drafted
+        partial += 0 < repo_accepted < repo_drafted
+    assert drafted_repo > 0 and partial >= 2

@@ -276,15 +276,16 @@ def test_context_never_comes_from_outside_the_workspace(start_server, places, ti
     server.open((outside / "secret.py").as_uri(), f"API_KEY = '{WATCHED_TEXT}'\n")
     server.open(workspace.as_uri() + "/../" + outside.name + "/climb.py", f"TOKEN = '{WATCHED_TEXT}'\n")
     server.open((sibling / "secret.py").as_uri(), f"API_KEY = '{WATCHED_TEXT}'\n")
-    server.open(current, "import helpers\n\nprint(helpers.")
-    assert "result" in server.response(server.inline(current, 2, 14), 60)
+    server.open(current, "from helpers import helper\n\nprint(helper(")
+    assert "result" in server.response(server.inline(current, 2, 13), 60)
     # A completion in the outside file itself: the model sees its name, not where it lives.
     assert "result" in server.response(server.inline((outside / "secret.py").as_uri(), 1, 0), 60)
 
     seen = server.call("draftwiseTest/introspect", {})["result"]
     by_document = {r["document"]: r for r in seen["engineRequests"]}
     app = by_document[current]
-    assert app["context"] == ["helpers.py"], app  # the mechanism works: the workspace file is there
+    # the mechanism works: the workspace file is there (the repository context: it defines `helper`)
+    assert app["context"] == ["helpers.py"], app
     assert not any(r["watchedTextInContext"] for r in seen["engineRequests"]), seen["engineRequests"]
     assert by_document[(outside / "secret.py").as_uri()]["path"] == "secret.py"
     assert seen["touchedWatchedPaths"] == [], "the server opened or listed files outside the workspace"

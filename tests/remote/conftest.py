@@ -29,6 +29,7 @@ MODEL_NAME = PRESET  # the name the engine serves the model as (--model_alias)
 SERVER_PACKAGES = ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context", "pydantic_settings")
 CLIENT_PACKAGES = ("openai", "httpx")
 START_TIMEOUT_S = 120.0
+VLLM_START_TIMEOUT_S = 600.0  # vLLM's CPU build starts in ~2.5 minutes on 2 idle cores
 REQUEST_CANCELLED = -32800
 
 
@@ -100,6 +101,93 @@ class LlamaServer:
                 if e["start"] >= since:
                     out.append(e)
         return out
+
+
+class VllmServer:
+    """vLLM's OpenAI-compatible server (its CPU build, from its own venv: DRAFTWISE_VLLM_PYTHON) on the
+    0.5B pack, with its ngram speculation. stop() kills it like a crash; start() brings it back on the
+    same port. Its /metrics tell what it is doing: the tests prove from the engine's side that a
+    cancelled request stops generating."""
+
+    SPECULATION = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+    def __init__(self, python: str, model_dir: Path, workdir: Path, api_key: str | None = None,
+                 speculation: bool = True) -> None:
+        self.python, self.model_dir, self.workdir, self.api_key = python, model_dir, workdir, api_key
+        self.speculation = speculation
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    url = LlamaServer.url
+    target = LlamaServer.target
+
+    def start(self, timeout_s: float = VLLM_START_TIMEOUT_S) -> None:
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+               "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
+               "--dtype", "bfloat16", "--max-model-len", "2048", "--disable-log-requests"]
+        if self.speculation:
+            cmd += ["--speculative-config", json.dumps(self.SPECULATION)]
+        if self.api_key:
+            cmd += ["--api-key", self.api_key]
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "all"}
+        preload = vllm_preload(self.python)
+        if preload:  # vLLM's CPU docs: Intel OpenMP and tcmalloc, where they are installed
+            env["LD_PRELOAD"] = ":".join(preload)
+        log = open(self.workdir / "vllm.log", "ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        import httpx
+
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited ({self.proc.returncode}); see {self.workdir / 'vllm.log'}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise RuntimeError(f"vLLM was not ready within {timeout_s:.0f} s; see {self.workdir / 'vllm.log'}")
+
+    def stop(self) -> None:
+        LlamaServer.stop(self)
+
+    def metrics(self) -> dict[str, float]:
+        """The engine's own counts: requests running, tokens generated, draft and accepted tokens."""
+        import httpx
+
+        from decoding.remote.backends import parse_counters
+
+        names = {"running": "vllm:num_requests_running", "generated": "vllm:generation_tokens_total",
+                 "drafted": "vllm:spec_decode_num_draft_tokens_total",
+                 "accepted": "vllm:spec_decode_num_accepted_tokens_total"}
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        reply = httpx.get(f"http://127.0.0.1:{self.port}/metrics", headers=headers, timeout=5)
+        reply.raise_for_status()
+        return parse_counters(reply.text, names)
+
+
+def vllm_preload(python: str) -> list[str]:
+    prefix = Path(python).resolve().parents[1]
+    found = [str(p) for p in (prefix / "lib" / "libiomp5.so",) if p.exists()]
+    for lib in ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4"):
+        if Path(lib).exists():
+            found.append(lib)
+            break
+    return found
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    python = os.environ.get("DRAFTWISE_VLLM_PYTHON")
+    if not python or not Path(python).exists():
+        pytest.skip("the vLLM tests need vLLM's CPU build in its own venv: `make test-vllm` builds it")
+    missing = [m for m in CLIENT_PACKAGES if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the vLLM tests need {', '.join(missing)} (make test-vllm installs them)")
+    if not pack.is_pulled(PRESETS[PRESET]):
+        pytest.skip(f"{PRESET} is not pulled (run `draftwise models pull {PRESET}`)")
+    return python
 
 
 @pytest.fixture(scope="session")
@@ -192,3 +280,42 @@ async def cancel_once_decoding(client, uri: str, text: str, msg_id: str, decodin
         await asyncio.wait_for(pending, timeout=10)
     assert err.value.code == REQUEST_CANCELLED
     return cancelled_at
+
+
+def fim_answer(url: str, prefix: str, suffix: str, max_tokens: int, api_key: str | None = None,
+               **sampling) -> str:
+    """What an engine itself generates for draftwise's FIM prompt, asked directly (not streamed)."""
+    import httpx  # a remote extra: imported here so `make test` collects these modules without it
+    from transformers import AutoTokenizer
+
+    from decoding.prompt import PromptBuilder
+
+    tokenizer = AutoTokenizer.from_pretrained(str(pack.preset_dir(PRESETS[PRESET])))
+    builder = PromptBuilder(tokenizer, 1536)
+    prompt = tokenizer.decode(builder.build(prefix, suffix).ids, skip_special_tokens=False,
+                              clean_up_tokenization_spaces=False)
+    stop = [t for t in builder.template.end_tokens if t != builder.template.middle][:4]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    reply = httpx.post(f"{url}/completions", timeout=300, headers=headers, json={
+        "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "top_p": 1,
+        "stop": stop, **sampling})
+    reply.raise_for_status()
+    return reply.json()["choices"][0]["text"]
+
+
+async def check_type_ahead(client, outside: Path, text: str) -> None:
+    """Typing the first character of a shown suggestion: the rest comes at once, without the engine."""
+    from lsp_harness import inline_params, insert_change, open_document
+
+    uri = (outside / "typeahead.py").as_uri()
+    open_document(client, uri, text)
+    [item] = (await client.text_document_inline_completion_async(inline_params(uri, 2, 0))).items
+    suggestion = item.insert_text
+    typed = suggestion[:len(suggestion) - len(suggestion.lstrip(" ")) + 1]  # up to its first character
+    assert typed.strip() and "\n" not in typed, suggestion
+    client.text_document_did_change(insert_change(uri, 2, 2, 0, typed))
+    started = time.monotonic()
+    [rest] = (await client.text_document_inline_completion_async(inline_params(uri, 2, len(typed)))).items
+    took = time.monotonic() - started
+    assert rest.insert_text == suggestion[len(typed):]
+    assert took < 0.5, f"type-ahead waited for the engine ({took:.2f} s)"

@@ -10,8 +10,8 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from conftest import MODEL_NAME, PRESET, cancel_once_decoding, configure, remote_session
-from lsp_harness import inline_params, insert_change, lsp_session, open_document, stats, wait_for_state
+from conftest import MODEL_NAME, PRESET, cancel_once_decoding, check_type_ahead, configure, fim_answer, remote_session
+from lsp_harness import inline_params, lsp_session, open_document, stats, wait_for_state
 
 pytestmark = [pytest.mark.remote, pytest.mark.asyncio(loop_scope="module")]
 
@@ -38,25 +38,7 @@ async def settled(client, requests: int, timeout: float = 30) -> dict:
 
 
 def engine_answer(engine, prefix: str, suffix: str, max_tokens: int) -> str:
-    """What the engine itself generates for draftwise's FIM prompt, asked directly (not streamed)."""
-    from transformers import AutoTokenizer
-
-    import httpx  # a remote extra: imported here so `make test` collects this module without it
-
-    from decoding.models import pack
-    from decoding.models.specs import PRESETS
-    from decoding.prompt import PromptBuilder
-
-    tokenizer = AutoTokenizer.from_pretrained(str(pack.preset_dir(PRESETS[PRESET])))
-    builder = PromptBuilder(tokenizer, 1536)
-    prompt = tokenizer.decode(builder.build(prefix, suffix).ids, skip_special_tokens=False,
-                              clean_up_tokenization_spaces=False)
-    stop = [t for t in builder.template.end_tokens if t != builder.template.middle][:4]
-    reply = httpx.post(f"{engine.url}/completions", timeout=120, json={
-        "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "top_p": 1,
-        "repeat_penalty": 1.0, "stop": stop})
-    reply.raise_for_status()
-    return reply.json()["choices"][0]["text"]
+    return fim_answer(engine.url, prefix, suffix, max_tokens, repeat_penalty=1.0)
 
 
 async def test_completion_is_the_engines_text_cut_by_the_stop_rules(client, engine, outside):
@@ -117,22 +99,10 @@ async def test_a_stop_rule_closes_the_stream_and_the_engine_stops(client, engine
 
 
 async def test_type_ahead_answers_from_the_suggestion_on_screen(client, outside):
-    uri = (outside / "typeahead.py").as_uri()
-    text = FIB + "\n\nprint(fib(10))\n"
-    open_document(client, uri, text)
-    [item] = (await client.text_document_inline_completion_async(inline_params(uri, 2, 0))).items
-    suggestion = item.insert_text
-    typed = suggestion[:len(suggestion) - len(suggestion.lstrip(" ")) + 1]  # up to its first character
-    assert typed.strip() and "\n" not in typed, suggestion
-    client.text_document_did_change(insert_change(uri, 2, 2, 0, typed))
     before = await stats(client)
-    started = time.monotonic()
-    [rest] = (await client.text_document_inline_completion_async(inline_params(uri, 2, len(typed)))).items
-    took = time.monotonic() - started
+    await check_type_ahead(client, outside, FIB + "\n\nprint(fib(10))\n")
     after = await stats(client)
-    assert rest.insert_text == suggestion[len(typed):]
     assert after["suggestions"]["instant"] == before["suggestions"]["instant"] + 1
-    assert took < 0.5, f"type-ahead waited for the engine ({took:.2f} s)"
 
 
 async def test_cancel_request_stops_the_engine_within_a_second(client, engine, outside):

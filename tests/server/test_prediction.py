@@ -1,8 +1,8 @@
-"""Idle work's prediction as a chain of links (lsp_server.completions.Prediction): which link a request
+"""Idle work's prediction as a chain of links (lsp_server.prediction.Prediction): which link a request
 is in, where a line the model ended leaves the user, and when the next link is worth computing."""
 from __future__ import annotations
 
-from lsp_server.completions import LINKS_AHEAD, Prediction
+from lsp_server.prediction import LINKS_AHEAD, Prediction
 
 
 def finished(*links: tuple[str, str, str | None]) -> Prediction:
@@ -10,7 +10,7 @@ def finished(*links: tuple[str, str, str | None]) -> Prediction:
     p = Prediction(doc=None, version=1, prefix="        if not line:\n            conti", suffix="\n",
                    job=None, ended=lambda _: None)
     for lead, text, next_lead in links:
-        p.lead = lead  # as Completions._next_link sets it for the running link
+        p.lead = lead  # as Predictor._next_link sets it for the running link
         p.add_link(text, next_lead, stats={})
     return p
 

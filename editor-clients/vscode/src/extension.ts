@@ -36,6 +36,8 @@ export interface ServerSettings {
   languages: string[] | null; // null: every language
   scope: string;
   alternatives: number;
+  repoContext: boolean;
+  repoContextTokens: number;
 }
 
 export interface ServerStats {
@@ -70,6 +72,8 @@ export function readSettings(config: vscode.WorkspaceConfiguration): ServerSetti
     languages: languages.length === 0 ? null : languages,
     scope: config.get<string>('scope', 'auto'),
     alternatives: config.get<number>('alternatives', 3),
+    repoContext: config.get<boolean>('repoContext', true),
+    repoContextTokens: config.get<number>('repoContextTokens', 512),
   };
 }
 

@@ -35,6 +35,8 @@ local defaults = {
     languages = nil, ---@type string[]?
     scope = nil, ---@type string?   "auto" | "line" | "block" | "full"
     alternatives = nil, ---@type integer? most items for an explicit trigger (server default 3)
+    repoContext = nil, ---@type boolean? the repository as context (server default true)
+    repoContextTokens = nil, ---@type integer? its share of the prompt budget (server default 512)
   },
   filetypes = nil, ---@type string[]? nil: every buffer that holds a file
   root_markers = { '.git', 'pyproject.toml', 'package.json', 'Cargo.toml', 'go.mod' },

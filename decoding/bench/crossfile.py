@@ -1,0 +1,220 @@
+"""Cross-file cases: the removed line uses a name defined in *another* file of the same package (and
+named above the cursor, by an import or an earlier use, as code that uses it does), and the whole
+package is the workspace. Scored with and without the repository context
+(decoding/repository/), and the lookup drafter's acceptance with and without the repository's text.
+
+Packages come from code installed on the machine (corpus.default_roots(): site-packages, C headers,
+global npm packages) or from `--corpus`: a package is a directory directly under a root (a Python
+distribution, a header directory, an npm package) with at least MIN_PACKAGE_FILES files of one
+language.
+"""
+from __future__ import annotations
+
+import random
+import re
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from decoding.bench.corpus import (KEEP_PREFIX_CHARS, KEEP_SUFFIX_CHARS, MIN_PREFIX_CHARS, Case, default_roots,
+                                   language_of, list_files, read_source)
+from decoding.bench.metrics import RunRecord
+from decoding.repository.files import FileLimits
+from decoding.repository.index import WorkspaceIndex, family
+from decoding.repository.selection import select
+
+MIN_PACKAGE_FILES = 4
+CASES_PER_PACKAGE = 2
+MIN_NAME_CHARS = 4
+REPO_CONTEXT_TOKENS = 512  # the server's default share of the prompt budget (lsp_server/config.py)
+_INDEX_LIMITS = FileLimits(max_files=1500, max_total_bytes=24 * 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class CrossFileCase:
+    case: Case
+    package: Path  # the workspace
+    name: str  # the name the removed line uses, defined in another file of the package
+    defined_in: str
+
+
+def packages(roots: Sequence[Path], languages: Sequence[str] | None) -> dict[str, list[Path]]:
+    """language -> package directories with enough files of it, sorted."""
+    files = list_files(roots, languages, repository=True)
+    roots = sorted({r.resolve() for r in roots}, key=lambda p: -len(p.parts))
+    counts: dict[tuple[str, Path], int] = {}
+    for language, entries in files.items():
+        for path, _ in entries:
+            root = next((r for r in roots if r in path.parents), None)
+            if root is None:
+                continue
+            top = root / path.relative_to(root).parts[0]
+            if top.is_dir():
+                counts[(language, top)] = counts.get((language, top), 0) + 1
+    out: dict[str, list[Path]] = {}
+    for (language, top), n in sorted(counts.items(), key=lambda kv: str(kv[0][1])):
+        if n >= MIN_PACKAGE_FILES:
+            out.setdefault(language, []).append(top)
+    return out
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+_USED = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+def _names_used(line: str) -> list[str]:
+    """Names a line uses as names: not inside a string literal, not an attribute after a dot."""
+    return _USED.findall(_STRING.sub('""', line))
+
+
+def _cases_in(index: WorkspaceIndex, package: Path, language: str, rng: random.Random,
+              want: int) -> list[CrossFileCase]:
+    files = [f for f in index.files.values() if family(f.language) == family(language)]
+    rng.shuffle(files)
+    out: list[CrossFileCase] = []
+    for f in files:
+        if len(out) >= want:
+            break
+        text = read_source(package / f.path)
+        if text is None or language_of(package / f.path, text) != language:
+            continue
+        defined_here = {d.name for d in f.definitions}
+        lines = text.split("\n")
+        offsets = [0]
+        for line in lines[:-1]:
+            offsets.append(offsets[-1] + len(line) + 1)
+        candidates = []
+        for i, line in enumerate(lines):
+            stripped = line.strip()
+            if offsets[i] < MIN_PREFIX_CHARS or not stripped or stripped.startswith(("#", "//", "*", "/*")):
+                continue
+            before = text[max(0, offsets[i] - 4000):offsets[i]]
+            if before.rfind("/*") > before.rfind("*/") or before.count('"""') % 2:
+                continue  # inside a block comment or a docstring: prose, not a use of the name
+            for name in _names_used(stripped):
+                elsewhere = [d for d in index.defined(name) if d.path != f.path]
+                # imported or used above: the user's code names it, the model must know what it is
+                if (len(name) >= MIN_NAME_CHARS and name not in defined_here and elsewhere and
+                        re.search(rf"\b{re.escape(name)}\b", text[max(0, offsets[i] - KEEP_PREFIX_CHARS):offsets[i]])):
+                    candidates.append((i, name, elsewhere[0].path))
+                    break
+        if not candidates:
+            continue
+        i, name, defined_in = candidates[rng.randrange(len(candidates))]
+        indent = len(lines[i]) - len(lines[i].lstrip())
+        cursor, end = offsets[i] + indent, offsets[i] + len(lines[i].rstrip())
+        prefix = text[:cursor][-KEEP_PREFIX_CHARS:]
+        case = Case(id=f"{language}:{package.name}/{f.path}:{i + 1}:crossfile", language=language,
+                    kind="crossfile", path=f.path, source=str(package / f.path), line=i + 1,
+                    prefix=prefix, suffix=text[end:end + KEEP_SUFFIX_CHARS], expected=text[cursor:end])
+        out.append(CrossFileCase(case, package, name, defined_in))
+    return out
+
+
+def crossfile_cases(limit: int, seed: int = 0, languages: Sequence[str] | None = None,
+                    corpus: str | None = None) -> tuple[list[CrossFileCase], dict[Path, WorkspaceIndex]]:
+    """`limit` cases dealt round-robin over the languages, at most CASES_PER_PACKAGE per package; with
+    the index of each package used (the workspace the server would have)."""
+    roots = [Path(corpus).expanduser().resolve()] if corpus else default_roots()
+    found = packages(roots, languages)
+    rng = random.Random(seed)
+    for dirs in found.values():
+        rng.shuffle(dirs)
+    indexes: dict[Path, WorkspaceIndex] = {}
+    cases: list[CrossFileCase] = []
+    order = sorted(found)
+    cursors = {language: 0 for language in order}
+    while len(cases) < limit and any(cursors[lang] < len(found[lang]) for lang in order):
+        for language in order:
+            if len(cases) >= limit or cursors[language] >= len(found[language]):
+                continue
+            package = found[language][cursors[language]]
+            cursors[language] += 1
+            index = indexes.get(package)
+            if index is None:
+                index = WorkspaceIndex(_INDEX_LIMITS)
+                index.start([str(package)])
+                index.built.wait()
+                indexes[package] = index
+            cases += _cases_in(index, package, language, rng, min(CASES_PER_PACKAGE, limit - len(cases)))
+    return cases, indexes
+
+
+def _record(result, mode: str, case: Case, total_ms: float) -> RunRecord:
+    s = result.stats
+    return RunRecord(mode=mode, case_id=case.id, language=case.language, text=result.text,
+                     prompt_tokens=s.prompt_tokens, generated_tokens=s.generated_tokens,
+                     decode_tokens=s.generated_tokens, prefill_ms=s.prefill_ms, first_token_ms=s.first_token_ms,
+                     decode_ms=s.decode_ms, total_ms=total_ms, target_forwards=s.target_forwards,
+                     drafted_tokens=s.drafted_tokens, accepted_tokens=s.accepted_tokens,
+                     drafted_by=dict(s.drafted_by), stopped=s.stopped).score(case.expected)
+
+
+def run_crossfile(engine, cases: Sequence[CrossFileCase], indexes: dict[Path, WorkspaceIndex],
+                  max_tokens: int = 48, progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Four runs a case, each from a cold cache: plain decoding without and with the repository
+    context (quality), and the lookup drafter with the context, without and with the repository's
+    text to draft from (acceptance, tokens per forward; the text is the same, greedy)."""
+    from decoding.api import CompletionRequest
+
+    runs: dict[str, dict[str, RunRecord]] = {m: {} for m in ("plain", "plain+repo", "lookup+repo", "lookup+index")}
+    contexts = {}
+    for x in cases:
+        c = x.case
+        selection = select(indexes[x.package], c.path, c.language, c.prefix, REPO_CONTEXT_TOKENS)
+        contexts[c.id] = {"sections": selection.describe(), "defines": x.name, "defined_in": x.defined_in,
+                          "shown": any(s["why"] == f"defines {x.name}" for s in selection.describe())}
+        base = dict(prefix=c.prefix, suffix=c.suffix, path=c.path, language=c.language, max_tokens=max_tokens,
+                    scope="full", temperature=0.0)
+        repo = dict(context=tuple(selection.context_files()), context_reserve_tokens=REPO_CONTEXT_TOKENS,
+                    repo=x.package.name)
+        for mode, extra in (("plain", dict(drafter="none")), ("plain+repo", dict(drafter="none", **repo)),
+                            ("lookup+repo", dict(drafter="lookup", **repo)),
+                            ("lookup+index", dict(drafter="lookup", lookup_texts=selection.lookup_texts, **repo))):
+            progress(f"crossfile {mode} {c.language}")
+            engine.clear_caches()
+            started = time.perf_counter()
+            result = engine.complete(CompletionRequest(document=f"crossfile-{mode}-{c.id}", **base, **extra))
+            runs[mode][c.id] = _record(result, mode, c, (time.perf_counter() - started) * 1000)
+    return {"cases": [dict(x.case.to_dict(), package=x.package.name, **contexts[x.case.id]) for x in cases],
+            "summary": summarize_crossfile(runs), "runs": {m: [r.to_dict() for r in rs.values()]
+                                                           for m, rs in runs.items()}}
+
+
+def summarize_crossfile(runs: dict[str, dict[str, RunRecord]]) -> dict:
+    out = {}
+    for mode, records in runs.items():
+        ok = [r for r in records.values() if r.ok]
+        if not ok:
+            continue
+        drafted = sum(r.drafted_tokens or 0 for r in ok)
+        accepted = sum(r.accepted_tokens or 0 for r in ok)
+        forwards = sum(r.target_forwards for r in ok)
+        out[mode] = {
+            "cases": len(ok),
+            "first_line_exact": round(sum(bool(r.first_line_exact) for r in ok) / len(ok), 3),
+            "similarity_median": round(statistics.median(r.similarity or 0 for r in ok), 3),
+            "prompt_tokens_median": statistics.median(r.prompt_tokens for r in ok),
+            "total_ms_median": round(statistics.median(r.total_ms for r in ok), 1),
+            "drafted": drafted, "accepted": accepted,
+            "acceptance": round(accepted / drafted, 3) if drafted else None,
+            "tokens_per_forward": round(sum(r.generated_tokens for r in ok) / forwards, 3) if forwards else None,
+            "repo_drafted": sum(r.drafted_by.get("repo", 0) for r in ok),
+            "by_language": {lang: round(sum(bool(r.first_line_exact) for r in ok if r.language == lang) /
+                                        max(1, sum(r.language == lang for r in ok)), 3)
+                            for lang in sorted({r.language for r in ok})},
+        }
+    plain, repo = runs.get("plain", {}), runs.get("plain+repo", {})
+    both = [k for k in plain if k in repo and plain[k].ok and repo[k].ok]
+    if both:
+        out["paired"] = {"cases": len(both),
+                         "repo_right_plain_wrong": sum(bool(repo[k].first_line_exact) and not plain[k].first_line_exact
+                                                       for k in both),
+                         "plain_right_repo_wrong": sum(bool(plain[k].first_line_exact) and not repo[k].first_line_exact
+                                                       for k in both)}
+    lookup, indexed = runs.get("lookup+repo", {}), runs.get("lookup+index", {})
+    out["lookup_identical_text"] = all(lookup[k].text == indexed[k].text for k in lookup if k in indexed)
+    return out
+

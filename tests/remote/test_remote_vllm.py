@@ -1,0 +1,230 @@
+"""The `openai:` backend against vLLM itself (its CPU build, `make test-vllm`), serving the 0.5B pack
+with its own ngram speculation and an API key: the text over LSP is vLLM's own greedy answer cut by
+the stop rules; a stop rule, `$/cancelRequest` and a superseding edit make vLLM stop generating, as
+its own /metrics show; its speculation is reported in draftwise/stats; it is killed mid-generation
+and restarted on the same port; a wrong model name; the API key reaches no log."""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+
+from conftest import MODEL_NAME, PRESET, VllmServer, cancel_once_decoding, check_type_ahead, configure, fim_answer
+from lsp_harness import inline_params, insert_change, lsp_session, open_document, stats, wait_for_state
+
+pytestmark = [pytest.mark.remote, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
+
+API_KEY = "sk-draftwise-VLLM-SENTINEL-51c0"
+MAX_TOKENS = 48
+LONG = 400
+FIB = "def fib(n):\n    \"\"\"The n-th Fibonacci number.\"\"\"\n"
+PRIMES = "PRIMES = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29,"
+
+
+@pytest.fixture(scope="module")
+def vllm(vllm_python, tmp_path_factory):
+    from decoding.models import pack
+    from decoding.models.specs import PRESETS
+
+    server = VllmServer(vllm_python, pack.preset_dir(PRESETS[PRESET]), tmp_path_factory.mktemp("vllm"),
+                        api_key=API_KEY)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def serve_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("serve") / "serve.log"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(vllm, workspace, serve_log):
+    import lsp_harness
+
+    serve = lsp_harness.SERVE
+    lsp_harness.SERVE = [sys.executable, "-m", "lsp_server.cli", "--debug", "serve"]  # the key must not show even here
+    try:
+        async with lsp_session(["--target", vllm.target(options="timeout=180"), "--log-file", str(serve_log)],
+                               workspace=workspace, env={"DRAFTWISE_API_KEY": API_KEY},
+                               initialization_options={"maxTokens": MAX_TOKENS, "maxTimeMs": 0}) as (client, _):
+            s = await wait_for_state(client)
+            assert s["state"] == "ready", s
+            yield client
+    finally:
+        lsp_harness.SERVE = serve
+
+
+def vllm_answer(vllm: VllmServer, prefix: str, suffix: str, max_tokens: int) -> str:
+    return fim_answer(vllm.url, prefix, suffix, max_tokens, api_key=API_KEY)
+
+
+async def quiet(vllm: VllmServer, since: float, within_s: float = 1.0) -> dict:
+    """Wait until vLLM runs no request and its generated-token count stops growing; return how long
+    after `since` that was, and the counts. Fails if it is not quiet within `within_s`."""
+    first = None
+    while True:
+        m = vllm.metrics()
+        if m.get("running", 0) == 0:
+            first = first or m
+            await asyncio.sleep(0.3)
+            again = vllm.metrics()
+            if again.get("generated") == m.get("generated") and again.get("running", 0) == 0:
+                return {"after_s": time.monotonic() - since, **again}
+        assert time.monotonic() - since < within_s + 0.3, f"vLLM still generating {within_s} s later: {m}"
+        await asyncio.sleep(0.05)
+
+
+async def until_generating(vllm: VllmServer, base: float, tokens: int = 5, timeout_s: float = 120) -> None:
+    started = time.monotonic()
+    while vllm.metrics().get("generated", 0) < base + tokens:
+        assert time.monotonic() - started < timeout_s, "vLLM never started generating"
+        await asyncio.sleep(0.05)
+
+
+async def test_completion_is_vllms_own_greedy_answer_cut_by_the_stop_rules(client, vllm, outside):
+    from decoding.stop_rules import StopRules
+    from lsp_server.postprocess import detect_indent, shape
+
+    uri = (outside / "fib.py").as_uri()
+    text = FIB + "\n\nprint(fib(10))\n"
+    open_document(client, uri, text)
+    result = await client.text_document_inline_completion_async(inline_params(uri, 2, 0))
+    [item] = result.items
+    prefix, suffix = FIB, text[len(FIB):]
+    raw = vllm_answer(vllm, prefix, suffix, MAX_TOKENS)
+    rules = StopRules.for_request(prefix, suffix, "python", "auto")
+    cut = rules.check(raw)
+    expected = raw[:cut] if cut is not None else raw[:rules.finish(raw)]
+    assert item.insert_text == shape(expected, "", "", detect_indent(text)).text
+    s = await stats(client)
+    assert s["last"]["drafter"] == "remote" and s["remote"]["health"] == "ok" and s["remote"]["model"] == MODEL_NAME
+
+
+async def test_a_stop_rule_closes_the_stream_and_vllm_stops_generating(client, vllm, outside):
+    configure(client, maxTokens=LONG, scope="line")
+    try:
+        uri = (outside / "line.py").as_uri()
+        open_document(client, uri, "import os\n\nfor name in os.listdir(\n")
+        base = vllm.metrics()["generated"]
+        result = await client.text_document_inline_completion_async(inline_params(uri, 2, 23))
+        answered = time.monotonic()
+        for item in result.items:
+            assert "\n" not in item.insert_text
+        q = await quiet(vllm, answered)
+        assert q["generated"] - base < LONG // 4, f"vLLM generated {q['generated'] - base} tokens for one line"
+    finally:
+        configure(client, maxTokens=MAX_TOKENS, scope="auto")
+
+
+async def test_type_ahead_answers_from_the_suggestion_on_screen(client, outside):
+    await check_type_ahead(client, outside, FIB + "\n\nprint(fib(10))\n")
+
+
+async def test_cancel_request_stops_vllm_within_a_second(client, vllm, outside):
+    configure(client, maxTokens=LONG, scope="full")
+    try:
+        uri = (outside / "primes.py").as_uri()
+        open_document(client, uri, PRIMES)
+        base = vllm.metrics()["generated"]
+        generating = {"seen": base}
+
+        def decoding() -> bool:
+            generating["seen"] = vllm.metrics().get("generated", 0)
+            return generating["seen"] >= base + 5
+
+        cancelled_at = await cancel_once_decoding(client, uri, PRIMES, "cancel-vllm", decoding)
+        q = await quiet(vllm, cancelled_at)
+        print(f"vLLM quiet {q['after_s'] * 1000:.0f} ms after the cancel, "
+              f"{q['generated'] - base:.0f} of {LONG} tokens generated")
+        assert q["generated"] - base < LONG // 2
+    finally:
+        configure(client, maxTokens=MAX_TOKENS, scope="auto")
+
+
+async def test_a_superseding_edit_stops_vllms_generation(client, vllm, outside):
+    """The user types while a long answer streams: the stale request is cancelled and vLLM stops it;
+    the new one is answered."""
+    configure(client, maxTokens=LONG, scope="full")
+    try:
+        uri = (outside / "supersede.py").as_uri()
+        open_document(client, uri, PRIMES)
+        base = vllm.metrics()["generated"]
+        stale = asyncio.ensure_future(client.text_document_inline_completion_async(inline_params(uri, 0, len(PRIMES))))
+        await until_generating(vllm, base)
+        client.text_document_did_change(insert_change(uri, 2, 0, len(PRIMES), " 31"))
+        configure(client, maxTokens=4)
+        fresh = await client.text_document_inline_completion_async(inline_params(uri, 0, len(PRIMES) + 3))
+        answered = time.monotonic()
+        old = await asyncio.wait_for(stale, timeout=10)
+        assert old is None or not old.items  # superseded: nothing for a stale position
+        assert fresh is not None
+        q = await quiet(vllm, answered)
+        assert q["generated"] - base < LONG // 2, f"{q['generated'] - base} tokens: the stale request went on"
+    finally:
+        configure(client, maxTokens=MAX_TOKENS, scope="auto")
+
+
+async def test_stats_report_vllms_own_speculation_over_draftwises_requests(client, vllm, outside):
+    before = vllm.metrics()
+    uri = (outside / "spec.py").as_uri()
+    text = "values = [1, 2, 3, 4, 5, 6, 7, 8]\ncopy = [1, 2, 3, 4, 5, 6, 7, 8]\nmore = [1, 2, 3,"
+    open_document(client, uri, text)
+    configure(client, maxTokens=24, scope="full")
+    try:
+        await client.text_document_inline_completion_async(inline_params(uri, 2, len(text.split("\n")[2])))
+    finally:
+        configure(client, maxTokens=MAX_TOKENS, scope="auto")
+    after = vllm.metrics()
+    deadline = time.monotonic() + 5
+    while True:
+        spec = (await stats(client))["remote"]["speculation"]
+        if spec and spec["drafted"] >= after["drafted"] - before["drafted"] or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert after["drafted"] > before["drafted"], "vLLM's ngram speculation drafted nothing on repeated code"
+    assert spec is not None and spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"]
+    assert spec["acceptance"] == round(spec["accepted"] / spec["drafted"], 3)
+
+
+async def test_a_wrong_model_name_is_reported_and_nothing_else_breaks(vllm, workspace, outside):
+    target = vllm.target(model="no-such-model", options=f"tokenizer={PRESET}")
+    async with lsp_session(["--target", target], workspace=workspace, env={"DRAFTWISE_API_KEY": API_KEY}) as (client, _):
+        s = await wait_for_state(client, ("ready", "failed", "unavailable"))
+        assert s["state"] == "unavailable" and s["remote"]["health"] == "wrong_model", s
+        assert f"serves {MODEL_NAME}, not 'no-such-model'" in s["error"]
+        uri = (outside / "wrong.py").as_uri()
+        open_document(client, uri, FIB)
+        result = await client.text_document_inline_completion_async(inline_params(uri, 2, 0))
+        assert result is not None and not result.items
+
+
+async def test_vllm_killed_mid_generation_then_restarted_on_the_same_port(client, vllm, outside, serve_log):
+    configure(client, maxTokens=LONG, scope="full")
+    try:
+        uri = (outside / "killed.py").as_uri()
+        open_document(client, uri, PRIMES)
+        base = vllm.metrics()["generated"]
+        pending = asyncio.ensure_future(client.text_document_inline_completion_async(inline_params(uri, 0, len(PRIMES))))
+        await until_generating(vllm, base, tokens=3)
+        vllm.stop()
+        assert not (await asyncio.wait_for(pending, timeout=20)).items
+        s = await stats(client)
+        assert s["state"] == "unavailable" and s["remote"]["health"] == "unreachable", s
+        vllm.start()
+        other = (outside / "after.py").as_uri()
+        open_document(client, other, FIB + "\n\nprint(fib(20))\n")
+        configure(client, maxTokens=MAX_TOKENS, scope="auto")
+        back = await client.text_document_inline_completion_async(inline_params(other, 2, 0))
+        assert back.items and back.items[0].insert_text.strip()
+        s = await stats(client)
+        assert s["state"] == "ready" and s["remote"]["health"] == "ok", s
+    finally:
+        configure(client, maxTokens=MAX_TOKENS, scope="auto")
+    text = serve_log.read_text()
+    assert " DEBUG " in text and API_KEY not in text  # the key never reached the log, even at DEBUG
+    assert API_KEY not in str(await stats(client))
