@@ -124,12 +124,12 @@ class VllmServer:
     def start(self, timeout_s: float = VLLM_START_TIMEOUT_S) -> None:
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
-               "--dtype", "bfloat16", "--max-model-len", "2048", "--disable-log-requests"]
+               "--dtype", "bfloat16", "--max-model-len", "2048"]
         if self.speculation:
             cmd += ["--speculative-config", json.dumps(self.SPECULATION)]
         if self.api_key:
             cmd += ["--api-key", self.api_key]
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "all"}
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
         preload = vllm_preload(self.python)
         if preload:  # vLLM's CPU docs: Intel OpenMP and tcmalloc, where they are installed
             env["LD_PRELOAD"] = ":".join(preload)
