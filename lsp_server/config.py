@@ -49,7 +49,7 @@ class Settings:
     # The repository as context (decoding/repository/): definitions of the names near the cursor and
     # the most similar code of other files, in this many tokens of the prompt budget (at most half);
     # and the repository lookup drafter. False: other open files only, as context.
-    repo_context: bool = True
+    repo_context: bool = False  # on by default once it pays: docs/repository-context.md
     repo_context_tokens: int = 512
 
     def serves_language(self, language_id: str) -> bool:

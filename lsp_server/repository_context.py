@@ -62,4 +62,6 @@ class RepositoryService:
         return RepositoryContext(tuple(selection.context_files()), selection.lookup_texts, root.name if root else "")
 
     def stats(self) -> dict:
-        return {"index": self.index.stats.to_dict(), "selections": dict(self.selector.counts), "last": self.last}
+        building = bool(self.index.folders) and not self.index.built.is_set()
+        return {"index": {**self.index.stats.to_dict(), "building": building},
+                "selections": dict(self.selector.counts), "last": self.last}

@@ -70,10 +70,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--quality-cases", type=_positive, default=0, metavar="N",
                    help="score completion quality on N more cases per weight format (and llama.cpp Q4), "
                         "untimed (default: %(default)s; the timed cases are always scored)")
-    g.add_argument("--crossfile", type=_positive, default=0, metavar="N",
+    g.add_argument("--cross-file", dest="crossfile", type=_positive, default=0, metavar="N",
                    help="also run N cross-file cases (the removed line uses a name defined in another file of its "
-                        "package): quality with and without the repository context, lookup with and without the "
-                        "repository index; with --limit 0, only these (default: %(default)s)")
+                        "package, the package is the workspace): quality with and without the repository context, "
+                        "lookup with and without the repository index; with --limit 0, only these (default: %(default)s)")
+    g.add_argument("--repo-context", default="off,on", metavar="LIST",
+                   help="the cross-file cases' runs without (off) and with (on) the repository context: rows "
+                        "MODE@FORMAT and MODE@FORMAT+context (default: %(default)s)")
     g.add_argument("--serve-rss", action="store_true",
                    help="also start `draftwise serve` once per format and measure its resident memory")
     g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
@@ -140,7 +143,7 @@ def run(args) -> int:
     from decoding.api import EngineConfig
 
     if args.limit < 1 and not getattr(args, "crossfile", 0):
-        raise DraftwiseError("--limit must be at least 1 (or 0 with --crossfile N)")
+        raise DraftwiseError("--limit must be at least 1 (or 0 with --cross-file N)")
     if args.repeats < 1:
         raise DraftwiseError("--repeats must be at least 1")
     for flag in ("plot", "json_path"):
@@ -261,6 +264,9 @@ def _crossfile(args, engine) -> dict:
 
     from decoding.bench.crossfile import crossfile_cases, run_crossfile
 
+    contexts = [c.strip() for c in args.repo_context.split(",") if c.strip()]
+    if not contexts or set(contexts) - {"off", "on"}:
+        raise DraftwiseError(f"--repo-context takes off, on or off,on (got {args.repo_context!r})")
     try:
         cases, indexes = crossfile_cases(args.crossfile, seed=args.seed, languages=parse_languages(args.languages),
                                          corpus=args.corpus)
@@ -268,19 +274,19 @@ def _crossfile(args, engine) -> dict:
         raise DraftwiseError(str(exc)) from exc
     if not cases:
         raise DraftwiseError("no cross-file cases found: no package with a line that uses another file's name")
-    with tqdm(total=len(cases) * 4, desc="cross-file", unit="run", file=sys.stderr) as bar:
+    with tqdm(total=len(cases) * (2 * ("off" in contexts) + 3 * ("on" in contexts)), desc="cross-file", unit="run", file=sys.stderr) as bar:
         def step(label: str) -> None:
             bar.set_postfix_str(label, refresh=False)
             bar.update(1)
 
-        result = run_crossfile(engine, cases, indexes, getattr(args, "max_tokens", None) or 48, step)
+        result = run_crossfile(engine, cases, indexes, getattr(args, "max_tokens", None) or 48, step, contexts)
     for index in indexes.values():
         index.close()
     return result
 
 
 def _crossfile_only(args, weights: str) -> int:
-    """`--limit 0 --crossfile N`: the cross-file cases alone, on one engine."""
+    """`--limit 0 --cross-file N`: the cross-file cases alone, on one engine."""
     import json
 
     from decoding.api import EngineConfig

@@ -152,35 +152,49 @@ def _record(result, mode: str, case: Case, total_ms: float) -> RunRecord:
                      drafted_by=dict(s.drafted_by), stopped=s.stopped).score(case.expected)
 
 
+def run_plan(fmt: str, contexts: Sequence[str]) -> list[tuple[str, str, bool, bool]]:
+    """(row, drafter, with the repository context, with the repository index) for each run of a case.
+    Rows are MODE@FORMAT, MODE@FORMAT+context (lookup with the index, as the server runs it) and,
+    to tell the index's share apart, lookup@FORMAT+context-index."""
+    plan = []
+    if "off" in contexts:
+        plan += [(f"none@{fmt}", "none", False, False), (f"lookup@{fmt}", "lookup", False, False)]
+    if "on" in contexts:
+        plan += [(f"none@{fmt}+context", "none", True, False), (f"lookup@{fmt}+context", "lookup", True, True),
+                 (f"lookup@{fmt}+context-index", "lookup", True, False)]
+    return plan
+
+
 def run_crossfile(engine, cases: Sequence[CrossFileCase], indexes: dict[Path, WorkspaceIndex],
-                  max_tokens: int = 48, progress: Callable[[str], None] = lambda _: None) -> dict:
-    """Four runs a case, each from a cold cache: plain decoding without and with the repository
-    context (quality), and the lookup drafter with the context, without and with the repository's
-    text to draft from (acceptance, tokens per forward; the text is the same, greedy)."""
+                  max_tokens: int = 48, progress: Callable[[str], None] = lambda _: None,
+                  contexts: Sequence[str] = ("off", "on")) -> dict:
+    """Each case once per row of run_plan, each from a cold cache (greedy: the lookup rows write the
+    text of their plain row; they differ in time, acceptance and tokens per forward)."""
     from decoding.api import CompletionRequest
 
-    runs: dict[str, dict[str, RunRecord]] = {m: {} for m in ("plain", "plain+repo", "lookup+repo", "lookup+index")}
-    contexts = {}
+    plan = run_plan(engine.info()["weights"], contexts)
+    runs: dict[str, dict[str, RunRecord]] = {row: {} for row, *_ in plan}
+    shown = {}
     for x in cases:
         c = x.case
         selection = select(indexes[x.package], c.path, c.language, c.prefix, REPO_CONTEXT_TOKENS)
-        contexts[c.id] = {"sections": selection.describe(), "defines": x.name, "defined_in": x.defined_in,
-                          "shown": any(s["why"] == f"defines {x.name}" for s in selection.describe())}
-        base = dict(prefix=c.prefix, suffix=c.suffix, path=c.path, language=c.language, max_tokens=max_tokens,
-                    scope="full", temperature=0.0)
-        repo = dict(context=tuple(selection.context_files()), context_reserve_tokens=REPO_CONTEXT_TOKENS,
-                    repo=x.package.name)
-        for mode, extra in (("plain", dict(drafter="none")), ("plain+repo", dict(drafter="none", **repo)),
-                            ("lookup+repo", dict(drafter="lookup", **repo)),
-                            ("lookup+index", dict(drafter="lookup", lookup_texts=selection.lookup_texts, **repo))):
-            progress(f"crossfile {mode} {c.language}")
+        shown[c.id] = {"sections": selection.describe(), "defines": x.name, "defined_in": x.defined_in,
+                       "shown": any(s["why"] == f"defines {x.name}" for s in selection.describe())}
+        for row, drafter, context, index in plan:
+            extra = dict(context=tuple(selection.context_files()), context_reserve_tokens=REPO_CONTEXT_TOKENS,
+                         repo=x.package.name) if context else {}
+            if index:
+                extra["lookup_texts"] = selection.lookup_texts
+            progress(f"cross-file {row} {c.language}")
             engine.clear_caches()
             started = time.perf_counter()
-            result = engine.complete(CompletionRequest(document=f"crossfile-{mode}-{c.id}", **base, **extra))
-            runs[mode][c.id] = _record(result, mode, c, (time.perf_counter() - started) * 1000)
-    return {"cases": [dict(x.case.to_dict(), package=x.package.name, **contexts[x.case.id]) for x in cases],
-            "summary": summarize_crossfile(runs), "runs": {m: [r.to_dict() for r in rs.values()]
-                                                           for m, rs in runs.items()}}
+            result = engine.complete(CompletionRequest(
+                document=f"crossfile-{row}-{c.id}", prefix=c.prefix, suffix=c.suffix, path=c.path,
+                language=c.language, max_tokens=max_tokens, scope="full", temperature=0.0, drafter=drafter, **extra))
+            runs[row][c.id] = _record(result, row, c, (time.perf_counter() - started) * 1000)
+    return {"cases": [dict(x.case.to_dict(), package=x.package.name, **shown[x.case.id]) for x in cases],
+            "rows": [row for row, *_ in plan], "summary": summarize_crossfile(runs),
+            "runs": {row: [r.to_dict() for r in rs.values()] for row, rs in runs.items()}}
 
 
 def summarize_crossfile(runs: dict[str, dict[str, RunRecord]]) -> dict:
@@ -206,7 +220,8 @@ def summarize_crossfile(runs: dict[str, dict[str, RunRecord]]) -> dict:
                                         max(1, sum(r.language == lang for r in ok)), 3)
                             for lang in sorted({r.language for r in ok})},
         }
-    plain, repo = runs.get("plain", {}), runs.get("plain+repo", {})
+    plain = next((rs for row, rs in runs.items() if row.startswith("none@") and "+" not in row), {})
+    repo = next((rs for row, rs in runs.items() if row.startswith("none@") and row.endswith("+context")), {})
     both = [k for k in plain if k in repo and plain[k].ok and repo[k].ok]
     if both:
         out["paired"] = {"cases": len(both),
@@ -214,7 +229,12 @@ def summarize_crossfile(runs: dict[str, dict[str, RunRecord]]) -> dict:
                                                        for k in both),
                          "plain_right_repo_wrong": sum(bool(plain[k].first_line_exact) and not repo[k].first_line_exact
                                                        for k in both)}
-    lookup, indexed = runs.get("lookup+repo", {}), runs.get("lookup+index", {})
-    out["lookup_identical_text"] = all(lookup[k].text == indexed[k].text for k in lookup if k in indexed)
+    def plain_of(row: str) -> str:  # lookup@int8+context-index -> none@int8+context
+        return "none@" + row.split("@", 1)[1].removesuffix("-index")
+
+    # Greedy: every drafter writes its plain row's text, the repository index included.
+    out["lookup_identical_text"] = all(
+        runs[row][k].text == runs[plain_of(row)][k].text for row in runs
+        if row.startswith("lookup@") and plain_of(row) in runs for k in runs[row] if k in runs[plain_of(row)])
     return out
 

@@ -146,7 +146,7 @@ def crossfile_markdown(crossfile: Mapping) -> str:
     lines = [f"### Cross-file cases: {len(cases)} (the name's definition shown in {shown})", "",
              "| run | first line exact | similarity (median) | prompt tokens (median) | p50 ms | acceptance | "
              "tokens/forward | repository drafts |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for mode in ("plain", "plain+repo", "lookup+repo", "lookup+index"):
+    for mode in crossfile.get("rows", [k for k in summary if "@" in k]):
         s = summary.get(mode)
         if s:
             lines.append(f"| {mode} | {_pct(s['first_line_exact'])} | {_fmt(s['similarity_median'])} | "
@@ -155,8 +155,8 @@ def crossfile_markdown(crossfile: Mapping) -> str:
     if "paired" in summary:
         p = summary["paired"]
         lines += ["", f"Paired over {p['cases']} cases: the repository context made {p['repo_right_plain_wrong']} "
-                      f"first lines right and {p['plain_right_repo_wrong']} wrong. Lookup with and without the index "
-                      f"wrote identical text: {summary['lookup_identical_text']}."]
+                      f"first lines right and {p['plain_right_repo_wrong']} wrong. Every lookup row wrote its plain row's "
+                      f"text: {summary['lookup_identical_text']}."]
     return "\n".join(lines) + "\n"
 
 

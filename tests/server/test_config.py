@@ -17,7 +17,7 @@ def test_every_documented_key_is_applied():
         "target": "/models/x", "draft": "qwen2.5-coder-0.5b", "drafter": "lookup", "maxTokens": 32,
         "device": "cuda:1", "dtype": "bfloat16", "temperature": 0.2, "contextTokens": 2048,
         "languages": ["python", "rust"], "scope": "line", "weights": "int8", "draftWeights": "int4",
-        "idleWork": False, "maxTimeMs": 750, "repoContext": False, "repoContextTokens": 256,
+        "idleWork": False, "maxTimeMs": 750, "repoContext": True, "repoContextTokens": 256,
     })
     assert update.problems == [] and update.ignored == []
     s = update.settings
@@ -27,7 +27,7 @@ def test_every_documented_key_is_applied():
     assert (s.temperature, s.languages, s.scope) == (0.2, ("python", "rust"), "line")
     assert (s.engine.weights, s.engine.draft_weights) == ("int8", "int4")
     assert (s.idle_work, s.max_time_ms) == (False, 750)
-    assert (s.repo_context, s.repo_context_tokens) == (False, 256)
+    assert (s.repo_context, s.repo_context_tokens) == (True, 256)
     assert Settings().needs_reload(s)  # other weights are other models
     assert s.serves_language("rust") and not s.serves_language("go")
 
@@ -137,7 +137,7 @@ def test_the_protocol_says_which_settings_reload_the_models():
     values = {"target": "/other", "draft": "/other-draft", "device": "cpu", "dtype": "float32",
               "weights": "int8", "draftWeights": "int4", "contextTokens": 512, "drafter": "none",
               "maxTokens": 8, "temperature": 0.5, "languages": ["go"], "scope": "line", "alternatives": 5,
-              "idleWork": False, "maxTimeMs": 800, "repoContext": False, "repoContextTokens": 128}
+              "idleWork": False, "maxTimeMs": 800, "repoContext": True, "repoContextTokens": 128}
     assert set(values) == set(KNOWN_KEYS)
     table = documented_settings(REPO_ROOT / "lsp_server/PROTOCOL.md", "## Settings")
     for key, value in values.items():

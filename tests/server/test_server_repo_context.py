@@ -48,7 +48,7 @@ async def client(tiny_model_dir, repo):
     async with lsp_session(["--target", str(tiny_model_dir), "--weights", "int8", "--log-file", str(repo.parent / "repo-serve.log")],
                            workspace=repo, capabilities=caps,
                            initialization_options={"maxTokens": 6, "scope": "full", "maxTimeMs": 0,
-                                                   "idleWork": False}) as (client, _):
+                                                   "idleWork": False, "repoContext": True}) as (client, _):
         await wait_for_state(client)
         await stats_until(client, lambda s: s["repoContext"]["index"]["buildS"] is not None)
         yield client
@@ -56,6 +56,7 @@ async def client(tiny_model_dir, repo):
 
 async def test_the_index_holds_the_source_files_and_no_secret_or_ignored_file(client, repo):
     index = (await stats(client))["repoContext"]["index"]
+    assert index["building"] is False and index["bytes"] == len(SHAPES)
     assert index["files"] == 2  # pkg/shapes.py, pkg/__init__.py
     assert index["skipped"].get("secret") == 1 and not index["truncated"]
 

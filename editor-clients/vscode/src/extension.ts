@@ -72,7 +72,7 @@ export function readSettings(config: vscode.WorkspaceConfiguration): ServerSetti
     languages: languages.length === 0 ? null : languages,
     scope: config.get<string>('scope', 'auto'),
     alternatives: config.get<number>('alternatives', 3),
-    repoContext: config.get<boolean>('repoContext', true),
+    repoContext: config.get<boolean>('repoContext', false),
     repoContextTokens: config.get<number>('repoContextTokens', 512),
   };
 }

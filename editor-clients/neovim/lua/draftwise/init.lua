@@ -35,7 +35,7 @@ local defaults = {
     languages = nil, ---@type string[]?
     scope = nil, ---@type string?   "auto" | "line" | "block" | "full"
     alternatives = nil, ---@type integer? most items for an explicit trigger (server default 3)
-    repoContext = nil, ---@type boolean? the repository as context (server default true)
+    repoContext = nil, ---@type boolean? the repository as context (server default false)
     repoContextTokens = nil, ---@type integer? its share of the prompt budget (server default 512)
   },
   filetypes = nil, ---@type string[]? nil: every buffer that holds a file
