@@ -198,7 +198,7 @@ class PromptBuilder:
         t, sp = self.template, self._special
         header = [sp[t.repo_name]] + self.encode(f"{repo}\n") if repo and t.repo_name in sp else []
         closing = [sp[t.file_sep]] + self.encode(f"{path or 'current'}\n")
-        room -= len(header) + len(closing)
+        room -= len(header)  # the closing line's few tokens come out of the prompt's margin (build: - 8)
         used = 0
         for f in context:
             ids = [sp[t.file_sep]] + self.encode(f"{f.path}\n{f.text.rstrip()}\n")

@@ -483,9 +483,11 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
     await vscode.press('Control', 'End');
     await vscode.press('Enter');
     await vscode.press('Shift', 'Home'); // whatever indentation Enter brought is typed over
-    await vscode.page.keyboard.type('print(', { delay: 60 });
-    const before = `${saved}\nprint()`;
-    const cursor = { line: before.split('\n').length - 1, character: 6 };
+    // `print(f`, not `print(`: with other files open as context the 0.5B's answer right after the
+    // bracket is sometimes only `)`, which leaves nothing to show; after `f` it names the function.
+    await vscode.page.keyboard.type('print(f', { delay: 60 });
+    const before = `${saved}\nprint(f)`;
+    const cursor = { line: before.split('\n').length - 1, character: 7 };
     await waitFor('ghost text', () => vscode.ghostText(), { timeoutMs: MODELS.real.replyTimeoutMs, intervalMs: 250 });
     const item = await waitFor('the server\'s reply', () => suggestionAt(vscode.tapLog, uri, cursor), { timeoutMs: 5000 });
     await vscode.page.keyboard.press('Tab');
