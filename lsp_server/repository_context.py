@@ -2,7 +2,6 @@
 from the client's notifications, and each request's selection with a record of what it showed."""
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -11,9 +10,6 @@ from decoding.api import ContextFile
 from lsp_server.documents import uri_to_path
 from decoding.repository.index import WorkspaceIndex
 from decoding.repository.selection import ContextSelector
-
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class RepositoryContext:

@@ -30,7 +30,7 @@ LOOKUP_CHARS = 96 * 1024  # text the repository lookup drafter searches beyond t
 
 _COMMON = {"self", "this", "cls", "None", "True", "False", "null", "true", "false", "return", "def", "class", "if",
            "else", "elif", "for", "while", "in", "is", "not", "and", "or", "import", "from", "as", "const", "let",
-           "var", "function", "new", "int", "str", "string", "void", "public", "private", "static", "fn", "let",
+           "var", "function", "new", "int", "str", "string", "void", "public", "private", "static", "fn",
            "mut", "pub", "use", "func", "type", "struct", "with", "try", "except", "raise", "pass", "lambda"}
 
 

@@ -319,3 +319,13 @@ async def check_type_ahead(client, outside: Path, text: str) -> None:
     took = time.monotonic() - started
     assert rest.insert_text == suggestion[len(typed):]
     assert took < 0.5, f"type-ahead waited for the engine ({took:.2f} s)"
+
+
+def shown_answer(raw: str, prefix: str, suffix: str, text: str) -> str:
+    """An engine's whole answer as the editor gets it: cut where the stop rules say, shaped."""
+    from decoding.stop_rules import StopRules
+    from lsp_server.postprocess import detect_indent, shape
+
+    rules = StopRules.for_request(prefix, suffix, "python", "auto")
+    cut = rules.check(raw)
+    return shape(raw[:cut] if cut is not None else raw[:rules.finish(raw)], "", "", detect_indent(text)).text

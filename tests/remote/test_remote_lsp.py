@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from conftest import MODEL_NAME, PRESET, cancel_once_decoding, check_type_ahead, configure, fim_answer, remote_session
+from conftest import MODEL_NAME, PRESET, cancel_once_decoding, check_type_ahead, configure, fim_answer, shown_answer, remote_session
 from lsp_harness import inline_params, lsp_session, open_document, stats, wait_for_state
 
 pytestmark = [pytest.mark.remote, pytest.mark.asyncio(loop_scope="module")]
@@ -42,9 +42,6 @@ def engine_answer(engine, prefix: str, suffix: str, max_tokens: int) -> str:
 
 
 async def test_completion_is_the_engines_text_cut_by_the_stop_rules(client, engine, outside):
-    from decoding.stop_rules import StopRules
-    from lsp_server.postprocess import detect_indent, shape
-
     uri = (outside / "fib.py").as_uri()
     text = FIB + "\n\nprint(fib(10))\n"
     open_document(client, uri, text)
@@ -57,10 +54,7 @@ async def test_completion_is_the_engines_text_cut_by_the_stop_rules(client, engi
     # prompt, cut where the stop rules say, shaped for the editor.
     prefix, suffix = FIB, text[len(FIB):]
     raw = engine_answer(engine, prefix, suffix, MAX_TOKENS)
-    rules = StopRules.for_request(prefix, suffix, "python", "auto")
-    cut = rules.check(raw)
-    expected = raw[:cut] if cut is not None else raw[:rules.finish(raw)]
-    assert item.insert_text == shape(expected, "", "", detect_indent(text)).text
+    assert item.insert_text == shown_answer(raw, prefix, suffix, text)
 
     s = await stats(client)
     last = s["last"]

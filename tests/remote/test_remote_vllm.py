@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from conftest import MODEL_NAME, PRESET, VllmServer, cancel_once_decoding, check_type_ahead, configure, fim_answer
+from conftest import MODEL_NAME, PRESET, VllmServer, cancel_once_decoding, check_type_ahead, configure, fim_answer, shown_answer
 from lsp_harness import inline_params, insert_change, lsp_session, open_document, stats, wait_for_state
 
 pytestmark = [pytest.mark.remote, pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
@@ -96,9 +96,6 @@ async def until_generating(vllm: VllmServer, base: float, tokens: int = 5, timeo
 
 
 async def test_completion_is_vllms_own_greedy_answer_cut_by_the_stop_rules(client, vllm, outside):
-    from decoding.stop_rules import StopRules
-    from lsp_server.postprocess import detect_indent, shape
-
     uri = (outside / "fib.py").as_uri()
     text = FIB + "\n\nprint(fib(10))\n"
     open_document(client, uri, text)
@@ -106,10 +103,7 @@ async def test_completion_is_vllms_own_greedy_answer_cut_by_the_stop_rules(clien
     [item] = result.items
     prefix, suffix = FIB, text[len(FIB):]
     raw = vllm_answer(vllm, prefix, suffix, MAX_TOKENS)
-    rules = StopRules.for_request(prefix, suffix, "python", "auto")
-    cut = rules.check(raw)
-    expected = raw[:cut] if cut is not None else raw[:rules.finish(raw)]
-    assert item.insert_text == shape(expected, "", "", detect_indent(text)).text
+    assert item.insert_text == shown_answer(raw, prefix, suffix, text)
     s = await stats(client)
     assert s["last"]["drafter"] == "remote" and s["remote"]["health"] == "ok" and s["remote"]["model"] == MODEL_NAME
 
