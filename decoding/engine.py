@@ -38,6 +38,7 @@ class Engine:
         # Idle work (prepare, and submit(idle=True)): counted apart from the requests users wait for.
         # joined: idle jobs a request then waited for instead of starting over.
         self._idle = {"prepared_tokens": 0, "read_aheads": 0, "prefetches": 0, "cancelled": 0, "joined": 0}
+        self._running: Job | None = None  # the job on the worker thread now
 
     # ---- loading ------------------------------------------------------------------------------
     def start_loading(self, progress: Progress | None = None) -> concurrent.futures.Future:
@@ -116,9 +117,16 @@ class Engine:
 
     def _queue(self, job: Job, run) -> Job:
         self.jobs.add(job)
-        inner = self._worker.call(lambda: run(job))
+        inner = self._worker.call(lambda: self._on_worker(job, run))
         inner.add_done_callback(lambda f: self._settle(job, f))
         return job
+
+    def _on_worker(self, job: Job, run):
+        self._running = job
+        try:
+            return run(job)
+        finally:
+            self._running = None
 
     def complete(self, request: CompletionRequest, cancel: CancelToken | None = None) -> CompletionResult:
         return self.submit(request, cancel).result()
@@ -203,8 +211,12 @@ class Engine:
     def stats(self) -> dict:
         with self._lock:
             cumulative, last, n, idle = self._cumulative.copy(), self._last, self._requests, dict(self._idle)
+        job = self._running
+        # what the worker computes now: a client (or a test) can wait on it instead of guessing times
+        running = None if job is None else {"document": job.request.document, "idle": job.idle,
+                                            "prompt_only": job.prompt_only, "chars": len(job.text_so_far)}
         return {"requests": n, "cumulative": cumulative.to_dict(), "last": last.to_dict() if last else None,
-                "idle": idle}
+                "idle": idle, "running": running}
 
     def close(self) -> None:
         self.jobs.cancel_all()

@@ -29,7 +29,9 @@ from decoding.api import ContextFile
 from decoding.healing import BlankHealing, is_blank
 
 PREFIX_CUT_STEP = 32  # lines
-MAX_CHARS_PER_TOKEN = 16  # generous: code averages 3-4 characters a token
+# An upper bound, far above what a token of code holds: text past budget × this many characters can
+# never fit, so it is cut before tokenizing (which costs time on long files).
+MAX_CHARS_PER_TOKEN = 16
 
 
 @dataclass(frozen=True)

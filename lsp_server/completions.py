@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 # An editor cancels a request for a keystroke and sends the keystroke's didChange with it (in either
 # order): how long a cancelled request's job waits for that edit.
 EDIT_AFTER_CANCEL_S = 0.05
-CONTEXT_CHARS_PER_TOKEN = 4  # generous: code averages about 3 characters per token
+# Bounds how much other-file text is sent, not what the prompt takes: the engine trims context by its
+# token count, so this errs on the side of sending more than fits.
+CONTEXT_CHARS_PER_TOKEN = 4
 
 
 class Completions:

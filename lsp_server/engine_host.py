@@ -192,6 +192,8 @@ class EngineHost:
             "requests": engine_stats.get("requests", 0),
             # idle work: prompt tokens read ahead, read-aheads and prefetches run, how many were cancelled
             "idle": engine_stats.get("idle", {}),
+            # the job computing now (document, idle or not, characters written so far), or None
+            "running": engine_stats.get("running"),
             "remote": remote,
             # the forward that runs and the exactness probe's verdict (listed last: the editors' stats
             # views show the request figures first)

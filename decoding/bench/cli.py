@@ -39,6 +39,21 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
     return modes
 
 
+def parse_remote_list(text: str | None) -> tuple[tuple[str, str], ...]:
+    """--remote's `[LABEL=]TARGET,...` as (label, target) pairs; one target may go unlabelled."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        label, sep, target = item.partition("=")
+        # a URL's query may hold '=': only a plain word before it is a label
+        if not sep or not label.replace("-", "").replace("+", "").replace("_", "").replace(".", "").isalnum():
+            label, target = "", item
+        pairs.append((label, target))
+    labels = [label for label, _ in pairs]
+    if len(pairs) > 1 and ("" in labels or len(set(labels)) < len(labels)):
+        raise DraftwiseError("--remote: give each server its own label (LABEL=TARGET) when there are several")
+    return tuple(pairs)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("benchmark")
     g.add_argument("--corpus", metavar="PATH",
@@ -62,9 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="prompt size of the typing simulation (default: 1000)")
     g.add_argument("--cancel-tries", type=_positive, default=6, metavar="N",
                    help="requests cancelled mid-run to count forwards after cancel; 0 skips it (default: 6)")
-    g.add_argument("--remote", metavar="TARGET",
-                   help="also run the `remote` mode: the same cases served by an inference server, e.g. "
-                        "openai:http://host:8000/v1#model (see README, serving from an inference engine)")
+    g.add_argument("--remote", metavar="LIST",
+                   help="also run the `remote` mode: the same cases served by inference servers, each "
+                        "[LABEL=]TARGET, comma-separated, e.g. openai:http://host:8000/v1#model; rows "
+                        "`remote@LABEL`, and a row `remote@NAME+X` counts its identical text against "
+                        "`remote@NAME` (the same server without X, e.g. vllm and vllm+ngram)")
     g.add_argument("--llamacpp-threads", type=_positive, default=0, metavar="N",
                    help="llama.cpp threads (default: one per CPU core)")
     g.add_argument("--quality-cases", type=_positive, default=0, metavar="N",
@@ -200,7 +217,7 @@ def run(args) -> int:
         typing_cases=args.typing_cases, keystrokes=args.keystrokes, typing_prompt_tokens=args.typing_prompt_tokens,
         typing_drafter=typing_drafter, cancel_tries=args.cancel_tries,
         llamacpp_threads=args.llamacpp_threads or None, seed=args.seed, llama_goal=1.0 if draft else 1.3,
-        remote_target=getattr(args, "remote", None),
+        remote_targets=parse_remote_list(getattr(args, "remote", None)),
     )
     load_before = _load_average()
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:

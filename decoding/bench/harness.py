@@ -30,7 +30,7 @@ from decoding.bench.corpus import Case
 from decoding.bench.hf_baselines import GenerateTiming, cut_at_end
 from decoding.bench.metrics import (
     ALL_MODES, ENGINE_MODES, HF_MODES, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
-    paired_difference, percentile, quality_summary, split_key, summarize,
+    paired_difference, percentile, quality_summary, remote_key, split_key, summarize,
 )
 from decoding.healing import Constraint, without_healed
 
@@ -61,7 +61,9 @@ class BenchSettings:
     llamacpp_threads: int | None = None
     seed: int = 0
     llama_goal: float = 1.3  # auto's decode speed over llama.cpp plain that counts as met
-    remote_target: str | None = None  # the `remote` mode's inference server (decoding/remote)
+    # the `remote` mode's inference servers (decoding/remote): (label, target) pairs; one row each,
+    # `remote@LABEL` (`remote` alone for one unlabelled server)
+    remote_targets: Sequence[tuple[str, str]] = ()
 
 
 @dataclass
@@ -187,7 +189,7 @@ class Bench:
         self.result = BenchResult()
         self.llama = None  # LlamaCppWorker, started on first use
         self.llama_note: str | None = None
-        self.remote = None  # the remote engine, loaded when the `remote` mode is planned
+        self.remotes: dict = {}  # row key -> remote engine, loaded when the `remote` mode is planned
         self.tag = f"{os.getpid()}-{int(time.time())}"
 
     # ---- which modes can run ----------------------------------------------------------------
@@ -206,10 +208,8 @@ class Bench:
                 self.result.skipped[m] = f"needs a draft model ({note})"
                 continue
             if m == "remote":
-                why = self._load_remote()
-                if why:
-                    self.result.skipped[m] = why
-                    continue
+                runnable += self._load_remotes()
+                continue
             if m in LLAMACPP_MODES:
                 if not llamacpp_baselines.available():
                     self.result.skipped[m] = "llama-cpp-python is not installed (pip install 'draftwise[llamacpp]')"
@@ -228,29 +228,40 @@ class Bench:
             raise ValueError("hf-plain is the reference every speedup is measured against; keep it in --modes")
         return runnable
 
-    def _load_remote(self) -> str | None:
-        """Load the remote engine (its tokenizer; the server must answer); None if fine, else why not."""
+    def _load_remotes(self) -> list[str]:
+        """Load a remote engine per --remote server (its tokenizer; the server must answer); the rows
+        that can run. A server that cannot is a skipped row, with why."""
+        if not self.s.remote_targets:
+            self.result.skipped["remote"] = ("no --remote TARGET given (an inference server, e.g. "
+                                             "openai:http://host:8000/v1#model)")
+        rows = []
+        for label, target in self.s.remote_targets:
+            key = remote_key(label)
+            why = self._load_remote(key, target)
+            if why:
+                self.result.skipped[key] = why
+            else:
+                rows.append(key)
+        return rows
+
+    def _load_remote(self, key: str, target: str) -> str | None:
         from dataclasses import replace
 
         from decoding.remote import is_remote_target
 
-        target = self.s.remote_target
-        if not target:
-            return "no --remote TARGET given (an inference server, e.g. openai:http://host:8000/v1#model)"
         if not is_remote_target(target):
             return f"--remote {target} is not openai:URL#MODEL or llamacpp:URL"
-        if self.remote is None:
-            try:
-                from decoding.remote.engine import Engine as RemoteEngine
+        try:
+            from decoding.remote.engine import Engine as RemoteEngine
 
-                engine = RemoteEngine(replace(self.engine.config, target=target, max_tokens=self.s.max_tokens))
-                engine.load()
-            except Exception as exc:  # noqa: BLE001 - reported as a skipped mode
-                return f"the remote engine did not load: {exc}".splitlines()[0]
-            if engine.problem:
-                engine.close()
-                return engine.problem
-            self.remote = engine
+            engine = RemoteEngine(replace(self.engine.config, target=target, max_tokens=self.s.max_tokens))
+            engine.load()
+        except Exception as exc:  # noqa: BLE001 - reported as a skipped mode
+            return f"the remote engine did not load: {exc}".splitlines()[0]
+        if engine.problem:
+            engine.close()
+            return engine.problem
+        self.remotes[key] = engine
         return None
 
     def _llama(self):
@@ -272,11 +283,7 @@ class Bench:
         e = self.reference
         try:
             if mode == "remote":  # the same request as the engine modes; the server runs it
-                rec = run_engine_mode(self.remote, case, mode, self.s.max_tokens,
-                                      f"bench://{self.tag}/{run}/{key}/{case.id}")
-                if rec.stopped == "error":
-                    rec.error = (self.remote.stats().get("last") or {}).get("error") or "the server failed"
-                return rec.score(case.expected)
+                return self._run_remote(case, key, run)
             if mode in ENGINE_MODES:
                 rec = run_engine_mode(self.engines[fmt], case, mode, self.s.max_tokens,
                                       f"bench://{self.tag}/{run}/{key}/{case.id}")
@@ -305,6 +312,21 @@ class Bench:
             return RunRecord(mode=mode, case_id=case.id, language=case.language,
                              error=f"{type(exc).__name__}: {exc}".splitlines()[0])
 
+    def _run_remote(self, case: Case, key: str, run: str) -> RunRecord:
+        """The server's own draft and accepted tokens come from its /metrics, read around the request
+        (the bench is its only client)."""
+        engine = self.remotes[key]
+        before = engine.speculation_counters_now()
+        rec = run_engine_mode(engine, case, "remote", self.s.max_tokens, f"bench://{self.tag}/{run}/{key}/{case.id}")
+        rec.mode = key
+        after = engine.speculation_counters_now()
+        if before is not None and after is not None:
+            rec.drafted_tokens = int(after["drafted"] - before["drafted"])
+            rec.accepted_tokens = int(after["accepted"] - before["accepted"])
+        if rec.stopped == "error":
+            rec.error = (engine.stats().get("last") or {}).get("error") or "the server failed"
+        return rec.score(case.expected)
+
     def warm_up(self, modes: Sequence[str]) -> None:
         """One short untimed run per implementation: first calls pay one-time setup costs."""
         case = self.cases[0]
@@ -313,7 +335,8 @@ class Bench:
         self.s.max_tokens = 4
         try:
             firsts = [m for m in modes if split_key(m)[0] == "none"]
-            for m in firsts + ["hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup", "remote"]:
+            remotes = [m for m in modes if split_key(m)[0] == "remote"]
+            for m in firsts + ["hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup"] + remotes:
                 if m in modes:
                     self.run_mode(case, m, prompt, "warmup")
         finally:
@@ -530,8 +553,8 @@ class Bench:
         finally:
             if self.llama is not None:
                 self.llama.close()
-            if self.remote is not None:
-                self.remote.close()
+            for remote in self.remotes.values():
+                remote.close()
         if self.s.typing_cases > 0:
             self.result.typing = self.run_typing()
         if self.s.cancel_tries > 0:

@@ -30,9 +30,17 @@ def split_key(key: str) -> tuple[str, str | None]:
     return mode, fmt or None
 
 
+def remote_key(label: str) -> str:
+    """The row of a --remote server: `remote@LABEL`, or `remote` for one given without a label."""
+    return f"remote@{label}" if label else "remote"
+
+
 def family_plain(key: str) -> str:
-    """The non-speculative run of the same implementation and weights: `auto@int8` -> `none@int8`."""
+    """The non-speculative run of the same implementation and weights: `auto@int8` -> `none@int8`;
+    a server's row `remote@vllm+ngram` -> `remote@vllm` (the same server started without it)."""
     mode, fmt = split_key(key)
+    if mode == "remote":
+        return remote_key((fmt or "").split("+", 1)[0])
     plain = FAMILY_PLAIN.get(mode, REFERENCE_MODE)
     return f"{plain}@{fmt}" if fmt and plain in ENGINE_MODES else plain
 

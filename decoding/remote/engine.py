@@ -381,6 +381,13 @@ class Engine:
             asyncio.get_running_loop().create_task(self._read_speculation())
         return self._record(CompletionResult(streamed.final_text(stats.stopped, final_rule), stats))
 
+    def speculation_counters_now(self) -> dict[str, float] | None:
+        """The server's speculation counters as it reports them now (None where it has none): a
+        benchmark, the server's only client, reads them around each request it times."""
+        if self._spec_counters is None:
+            return None
+        return self._call(backends.speculation_counters(self.spec, self._api_key)).result(timeout=10)
+
     async def _read_speculation(self) -> None:
         """Add what the server's speculation counters grew by since the last reading. The server counts
         every client's requests; with draftwise its only client, that is draftwise's."""

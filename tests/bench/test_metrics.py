@@ -202,3 +202,28 @@ def test_draft_counts_from_forward_sizes():
     assert drafted == 14
     assert accepted == 12 - 4  # each forward yields its accepted candidates plus one token
     assert g.target_forwards_after_first == 3
+
+
+def test_a_server_row_with_its_speculation_compares_with_the_same_server_without_it():
+    runs = {"hf-plain": by_case(rec("hf-plain", "a", 5.0, text="p"), rec("hf-plain", "b", 5.0, text="q")),
+            "remote@vllm": by_case(rec("remote@vllm", "a", 10.0, text="P"), rec("remote@vllm", "b", 10.0, text="Q")),
+            "remote@vllm+ngram": by_case(rec("remote@vllm+ngram", "a", 20.0, text="P", drafted=8, accepted=6),
+                                         rec("remote@vllm+ngram", "b", 12.0, text="R", drafted=4, accepted=1))}
+    assert family_plain("remote@vllm+ngram") == "remote@vllm" and family_plain("remote") == "remote"
+    s = summarize_mode("remote@vllm+ngram", runs)
+    assert s["family_plain"] == "remote@vllm"
+    assert s["identical_rate_vs_family_plain"] == 0.5  # batch shapes may change a server's text: counted
+    assert s["speedup_vs_family_plain"] == pytest.approx(1.6) and s["acceptance_rate"] == pytest.approx(7 / 12, abs=1e-3)
+
+
+def test_remote_servers_are_given_as_a_labelled_list():
+    from decoding.bench.cli import parse_remote_list
+    from decoding.errors import DraftwiseError
+
+    assert parse_remote_list(None) == ()
+    assert parse_remote_list("openai:http://h:8000/v1#m") == (("", "openai:http://h:8000/v1#m"),)
+    assert parse_remote_list("vllm=openai:http://h:1/v1#m, vllm+ngram=openai:http://h:2/v1#m") == (
+        ("vllm", "openai:http://h:1/v1#m"), ("vllm+ngram", "openai:http://h:2/v1#m"))
+    assert parse_remote_list("llamacpp:http://h:1?a=b") == (("", "llamacpp:http://h:1?a=b"),)
+    with pytest.raises(DraftwiseError, match="its own label"):
+        parse_remote_list("openai:http://h:1/v1#m,openai:http://h:2/v1#m")

@@ -28,12 +28,12 @@ async def client(tiny_model_dir, workspace):
 
 
 async def settled(client) -> dict:
-    """Stats once the earlier tests' idle work is over (no idle count changed for 0.3 s)."""
+    """Stats once the earlier tests' idle work is over (nothing running, no idle count changed for 0.3 s)."""
     current = await stats(client)
     for _ in range(100):
         await asyncio.sleep(0.3)
         previous, current = current, await stats(client)
-        if previous["idle"] == current["idle"]:
+        if previous["idle"] == current["idle"] and current["running"] is None:
             return current
     raise AssertionError(f"idle work never settled: {current['idle']}")
 
@@ -149,6 +149,17 @@ async def slow_client(tiny_model_dir, workspace):
         yield client
 
 
+async def work_writing(client, uri: str, chars: int, idle: bool) -> dict:
+    """Once the engine computes a suggestion for `uri` (idle work or a request, as `idle` says) that
+    has written at least `chars` characters: the server's signal, not a guess at how long it takes."""
+    return await stats_until(client, lambda s: (r := s["running"]) is not None and r["document"] == uri
+                             and r["idle"] == idle and not r["prompt_only"] and r["chars"] >= chars)
+
+
+async def idle_work_writing(client, uri: str, chars: int) -> dict:
+    return await work_writing(client, uri, chars, idle=True)
+
+
 async def _idle_text_after_n(client, uri: str) -> str:
     """What idle work writes after the user types "n" at the end of TEXT (greedy, so it writes the same
     again). The document is closed afterwards: the shown suggestion leaves the server's memory."""
@@ -170,10 +181,10 @@ async def test_typing_what_idle_work_writes_keeps_it_running_and_the_pause_is_an
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
     # As VS Code does between keys: a request after its debounce joins idle work's job, and the next
     # key cancels that request.
-    await asyncio.sleep(0.1)
+    await idle_work_writing(client, uri, chars=0)
     joined = asyncio.ensure_future(client.protocol.send_request_async(
         types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, LAST_LINE, LAST_COLUMN + 1), msg_id="joins"))
-    await asyncio.sleep(0.8)  # idle work has written its first token (~0.4 s), not its last (~1.8 s)
+    await work_writing(client, uri, chars=1, idle=False)  # joined, its first token written, not its last
     assert not joined.done()
     client.text_document_did_change(insert_change(uri, 3, LAST_LINE, LAST_COLUMN + 1, text[0]))  # what it wrote
     client.cancel_request(types.CancelParams(id="joins"))
@@ -195,7 +206,7 @@ async def test_typing_something_else_stops_idle_work_and_starts_it_at_the_new_cu
     open_document(client, uri, TEXT)
     before = await settled(client)
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
-    await asyncio.sleep(0.9)
+    await idle_work_writing(client, uri, chars=1)  # mid-suggestion
     client.text_document_did_change(insert_change(uri, 3, LAST_LINE, LAST_COLUMN + 1, other))
     # Stopped within a forward, and the new cursor's suggestion runs to its end.
     now = await stats_until(client, lambda s: s["idle"]["prefetches"] == before["idle"]["prefetches"] + 2)
@@ -214,10 +225,10 @@ async def test_a_cancelled_request_that_joined_idle_work_stops_it_when_no_edit_f
     open_document(client, uri, TEXT)
     before = await settled(client)
     client.text_document_did_change(insert_change(uri, 2, LAST_LINE, LAST_COLUMN, "n"))
-    await asyncio.sleep(0.1)  # after the quiet period: the request joins idle work's job
+    await idle_work_writing(client, uri, chars=0)  # after the quiet period: the request joins its job
     pending = asyncio.ensure_future(client.protocol.send_request_async(
         types.TEXT_DOCUMENT_INLINE_COMPLETION, inline_params(uri, LAST_LINE, LAST_COLUMN + 1), msg_id="alone"))
-    await asyncio.sleep(0.6)  # generating (8 forwards of >= 200 ms)
+    await work_writing(client, uri, chars=1, idle=False)  # generating (8 forwards of >= 200 ms)
     assert not pending.done()
     client.cancel_request(types.CancelParams(id="alone"))  # and no keystroke
     now = await stats_until(client, lambda s: s["requests"] > before["requests"])
