@@ -25,6 +25,10 @@ PRIORS = {
     "repo:n6": (2.0, 1.5), "repo:n4": (1.5, 1.5), "repo:n3": (1.0, 2.0),
 }
 GLOBAL_WEIGHT = 0.25  # how much earlier requests count next to this one
+# How much this request's drafts from the same drafter's other buckets count: a file whose repeats
+# mislead (lookup matches that keep failing, whatever their length) should stop costing verify
+# forwards after a few, not after a few per bucket.
+FAMILY_WEIGHT = 0.5
 GLOBAL_DECAY = 0.995
 MIN_GAIN = 1.03  # a draft must promise 3% more tokens per second than plain decoding
 
@@ -103,9 +107,19 @@ class Acceptance:
         a0, b0 = PRIORS.get(key, (1.0, 1.0))
         gs, gf = self.lifetime.get(key, (0.0, 0.0))
         rs, rf = self.request.get(key, (0.0, 0.0))
-        s = a0 + GLOBAL_WEIGHT * gs + rs
-        f = b0 + GLOBAL_WEIGHT * gf + rf
+        fs, ff = self._family_in_request(key)
+        s = a0 + GLOBAL_WEIGHT * gs + rs + FAMILY_WEIGHT * fs
+        f = b0 + GLOBAL_WEIGHT * gf + rf + FAMILY_WEIGHT * ff
         return s / (s + f)
+
+    def _family_in_request(self, key: str) -> tuple[float, float]:
+        """This request's counts over the other buckets of key's drafter (`lookup:n3` -> `lookup:*`)."""
+        family = key.split(":", 1)[0]
+        s = f = 0.0
+        for other, (os_, of) in self.request.items():
+            if other != key and other.split(":", 1)[0] == family:
+                s, f = s + os_, f + of
+        return s, f
 
     def record(self, key: str, proposed: int, accepted: int) -> None:
         # Each drafted token up to the first rejection is one trial; the rejection is one failure.

@@ -7,6 +7,9 @@ real failure would surface, so tests exercise the real recovery path. Off unless
 - target_load_oom   : loading the target raises MemoryError
 - draft_load_error  : loading the draft model fails (the server must serve without it)
 - generate_oom[:N]  : the next N requests run out of memory as they start generating (default: 1)
+- remote_stream_left_open : a cancel does not reach the remote engine's stream, which is read on to
+                     its end instead of closed (what the vLLM cancel tests must catch: the server
+                     then goes on generating)
 """
 from __future__ import annotations
 

@@ -47,6 +47,15 @@ TIMING_METHOD = (
 )
 
 
+# What an inference server's /metrics say about the requests it ran (vLLM's names; a server without
+# them is timed from its stream on the client).
+SERVER_COUNTERS = {"prefill_s": "vllm:request_prefill_time_seconds_sum",
+                   "decode_s": "vllm:request_decode_time_seconds_sum",
+                   "generated": "vllm:generation_tokens_total",
+                   "drafted": "vllm:spec_decode_num_draft_tokens_total",
+                   "accepted": "vllm:spec_decode_num_accepted_tokens_total"}
+
+
 @dataclass
 class BenchSettings:
     max_tokens: int = 48
@@ -313,16 +322,25 @@ class Bench:
                              error=f"{type(exc).__name__}: {exc}".splitlines()[0])
 
     def _run_remote(self, case: Case, key: str, run: str) -> RunRecord:
-        """The server's own draft and accepted tokens come from its /metrics, read around the request
-        (the bench is its only client)."""
+        """Timed by the server where its /metrics say how long prefill and decoding took (vLLM): a
+        stream may hand over several tokens at once, so arrival times on the client would not tell
+        decoding speed. Its own draft and accepted tokens come from there too (the bench is the
+        server's only client)."""
         engine = self.remotes[key]
-        before = engine.speculation_counters_now()
-        rec = run_engine_mode(engine, case, "remote", self.s.max_tokens, f"bench://{self.tag}/{run}/{key}/{case.id}")
+        before = engine.server_counters_now(SERVER_COUNTERS) or {}
+        # the request as a user's (drafter `auto`): what drafting happens is the server's own
+        rec = run_engine_mode(engine, case, "auto", self.s.max_tokens, f"bench://{self.tag}/{run}/{key}/{case.id}")
         rec.mode = key
-        after = engine.speculation_counters_now()
-        if before is not None and after is not None:
-            rec.drafted_tokens = int(after["drafted"] - before["drafted"])
-            rec.accepted_tokens = int(after["accepted"] - before["accepted"])
+        after = engine.server_counters_now(SERVER_COUNTERS) or {}
+        grew = {name: after[name] - before[name] for name in after if name in before}
+        if "drafted" in grew and "accepted" in grew:
+            rec.drafted_tokens, rec.accepted_tokens = int(grew["drafted"]), int(grew["accepted"])
+        if grew.get("decode_s", 0) > 0 and grew.get("generated", 0) > 1:
+            # tokens after the first, over the time from the first to the last, as for llama.cpp
+            rec.decode_tokens, rec.decode_ms = int(grew["generated"]) - 1, grew["decode_s"] * 1000
+            rec.prefill_ms = grew.get("prefill_s", 0.0) * 1000
+            # a forward a token, less the tokens its speculation got free
+            rec.target_forwards = int(grew["generated"] - grew.get("accepted", 0))
         if rec.stopped == "error":
             rec.error = (engine.stats().get("last") or {}).get("error") or "the server failed"
         return rec.score(case.expected)

@@ -294,6 +294,12 @@ def parse_counters(text: str, names: dict[str, str]) -> dict[str, float]:
 async def speculation_counters(spec: RemoteSpec, api_key: str | None) -> dict[str, float] | None:
     """The server's cumulative draft and accepted token counts from /metrics, or None where it has
     no such counters (or no /metrics)."""
+    counters = await server_counters(spec, api_key, SPECULATION_COUNTERS)
+    return counters if counters is not None and len(counters) == len(SPECULATION_COUNTERS) else None
+
+
+async def server_counters(spec: RemoteSpec, api_key: str | None, names: dict[str, str]) -> dict[str, float] | None:
+    """The named samples of the server's /metrics (those it has), or None without a /metrics."""
     import httpx
 
     root = spec.url.rstrip("/").removesuffix("/v1")
@@ -305,8 +311,7 @@ async def speculation_counters(spec: RemoteSpec, api_key: str | None) -> dict[st
         return None
     if reply.status_code != 200:
         return None
-    counters = parse_counters(reply.text, SPECULATION_COUNTERS)
-    return counters if len(counters) == len(SPECULATION_COUNTERS) else None
+    return parse_counters(reply.text, names)
 
 
 def make_backend(spec: RemoteSpec, api_key: str | None):

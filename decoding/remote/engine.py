@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from decoding import faults
 from decoding.api import CancelToken, CompletionRequest, CompletionResult, EngineConfig, Progress, RequestStats
 from decoding.errors import DraftwiseError, EngineNotReady, ModelNotAvailable, ModelSpecError, check_request
 from decoding.jobs import Job, JobRegistry
@@ -64,6 +65,8 @@ class RemoteJob(Job):
 
     def cancel(self) -> None:
         super().cancel()
+        if faults.trip("remote_stream_left_open"):
+            return  # a fault for tests: the cancel does not reach the stream, which is read to its end
         loop, task = self._loop, self._task
         if loop is not None and task is not None:
             try:
@@ -381,12 +384,10 @@ class Engine:
             asyncio.get_running_loop().create_task(self._read_speculation())
         return self._record(CompletionResult(streamed.final_text(stats.stopped, final_rule), stats))
 
-    def speculation_counters_now(self) -> dict[str, float] | None:
-        """The server's speculation counters as it reports them now (None where it has none): a
-        benchmark, the server's only client, reads them around each request it times."""
-        if self._spec_counters is None:
-            return None
-        return self._call(backends.speculation_counters(self.spec, self._api_key)).result(timeout=10)
+    def server_counters_now(self, names: dict[str, str]) -> dict[str, float] | None:
+        """The named samples of the server's /metrics now (None without one): a benchmark, the
+        server's only client, reads them around each request it times."""
+        return self._call(backends.server_counters(self.spec, self._api_key, names)).result(timeout=10)
 
     async def _read_speculation(self) -> None:
         """Add what the server's speculation counters grew by since the last reading. The server counts

@@ -112,3 +112,18 @@ def test_on_a_gpu_the_catch_up_is_cheap_and_the_model_drafts():
 def test_a_named_drafter_drafts_whatever_it_costs():
     p = policy(CPU, 1000, mode="model", draft_step_s=0.09, draft_prefill_s=0.003)
     assert p.propose([1, 2, 3], room=48) is not None
+
+
+def test_failing_drafts_of_one_drafter_lower_its_other_buckets_within_the_request():
+    from decoding.cost_model import PRIORS, Acceptance
+
+    acc = Acceptance()
+    a0, b0 = PRIORS["lookup:n4"]
+    assert acc.alpha("lookup:n4") == pytest.approx(a0 / (a0 + b0))
+    for _ in range(3):  # three 3-token lookup drafts rejected at their first token
+        acc.record("lookup:n3", 3, 0)
+    assert acc.alpha("lookup:n4") < a0 / (a0 + b0) - 0.1, "the same drafter misled this request"
+    assert acc.alpha("repo:n4") == pytest.approx(PRIORS["repo:n4"][0] / sum(PRIORS["repo:n4"]))  # another drafter
+    acc.new_request()
+    lowered_by_history = acc.alpha("lookup:n4")
+    assert lowered_by_history > a0 / (a0 + b0) - 0.1, "a new request keeps only the decayed lifetime counts"

@@ -149,6 +149,23 @@ async def test_cancel_request_stops_vllm_within_a_second(client, vllm, outside):
         configure(client, maxTokens=MAX_TOKENS, scope="auto")
 
 
+async def test_the_cancel_check_fails_when_draftwise_leaves_the_stream_open(vllm, workspace, outside):
+    """The test above can fail: with the fault `remote_stream_left_open` (the answer's stream read on
+    to its end instead of closed), the same cancel leaves vLLM generating, and `quiet` says so."""
+    async with lsp_session(["--target", vllm.target(options="timeout=180")], workspace=workspace,
+                           env={"DRAFTWISE_API_KEY": API_KEY, "DRAFTWISE_FAULTS": "remote_stream_left_open"},
+                           initialization_options={"maxTokens": LONG, "scope": "full", "maxTimeMs": 0}) as (leaky, _):
+        assert (await wait_for_state(leaky))["state"] == "ready"
+        uri = (outside / "primes-left-open.py").as_uri()
+        open_document(leaky, uri, PRIMES)
+        base = await settled(vllm)
+        cancelled_at = await cancel_once_decoding(
+            leaky, uri, PRIMES, "cancel-left-open", lambda: vllm.metrics().get("generated", 0) >= base + 5)
+        with pytest.raises(AssertionError, match="went on generating|still generating"):
+            await quiet(vllm, cancelled_at)
+    await settled(vllm)  # the stream read to its end: vLLM finishes the answer
+
+
 async def test_a_superseding_edit_stops_vllms_generation(client, vllm, outside):
     """The user types while a long answer streams: the stale request is cancelled and vLLM stops it;
     the new one is answered."""

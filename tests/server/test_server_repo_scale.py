@@ -1,0 +1,69 @@
+"""A workspace at the index's file limit: 5,000 files of Python (more are on disk) are indexed on a
+background thread while the server goes on answering completions, and the index stops at its limit."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+
+from lsp_harness import client_capabilities, inline_params, lsp_session, open_document, stats, stats_until, \
+    wait_for_state
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FILES = 5200  # more than the index takes (decoding/repository/files.py: IndexLimits.max_files)
+
+
+@pytest.fixture(scope="module")
+def big_repo(tmp_path_factory):
+    """~8 KB a file, ~40 MB in all: under the index's byte limit, so the file limit is what stops it."""
+    root = tmp_path_factory.mktemp("big-repo")
+    body = "".join(f"def helper_{j}(value: int) -> int:\n    \"\"\"Helper {j}.\"\"\"\n    return value * {j} + {j * 7}\n\n\n"
+                   for j in range(90))
+    for i in range(FILES):
+        package = root / f"pkg{i // 100}"
+        package.mkdir(exist_ok=True)
+        (package / f"module_{i}.py").write_text(f'"""Module {i}."""\n\n\n' + body.replace("helper_", f"m{i}_helper_"))
+    return root
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(tiny_model_dir, tmp_path_factory):
+    """Started on a small workspace; the big one is added once the model is ready (as a user adds a
+    folder), so the test knows the index is building when it asks."""
+    small = tmp_path_factory.mktemp("small-repo")
+    (small / "app.py").write_text("print('hello')\n")
+    async with lsp_session(["--target", str(tiny_model_dir), "--weights", "int8"], workspace=small,
+                           capabilities=client_capabilities(encodings=["utf-16"], inline=True),
+                           initialization_options={"maxTokens": 6, "scope": "full", "maxTimeMs": 0,
+                                                   "idleWork": False, "repoContext": True}) as (client, _):
+        await wait_for_state(client)
+        await stats_until(client, lambda s: s["repoContext"]["index"]["buildS"] is not None)
+        yield client
+
+
+async def test_completions_are_answered_while_5000_files_are_indexed(client, big_repo):
+    client.workspace_did_change_workspace_folders(types.DidChangeWorkspaceFoldersParams(
+        event=types.WorkspaceFoldersChangeEvent(
+            added=[types.WorkspaceFolder(uri=big_repo.as_uri(), name=big_repo.name)], removed=[])))
+    await stats_until(client, lambda s: s["repoContext"]["index"]["building"])
+    uri = (big_repo / "pkg0" / "use.py").as_uri()
+    open_document(client, uri, "from pkg0.module_1 import m1_helper_3\n\nprint(m1_helper_3(")
+    waits = []
+    for column in (19, 19, 19):
+        started = time.monotonic()
+        result = await client.text_document_inline_completion_async(inline_params(uri, 2, column))
+        waits.append(time.monotonic() - started)
+        assert result is not None
+    during = (await stats(client))["repoContext"]["index"]
+    assert during["building"], f"the index was built before the requests were answered: {during}"
+    # The tiny model answers in well under a second on an idle machine; the index's thread shares
+    # the cores, so allow it plenty, but far less than the build takes.
+    assert max(waits) < 5.0, waits
+    done = await stats_until(client, lambda s: not s["repoContext"]["index"]["building"], timeout=300)
+    index = done["repoContext"]["index"]
+    assert index["files"] == 5000 and index["truncated"], index
+    print(f"answers while indexing: {', '.join(f'{w * 1000:.0f} ms' for w in waits)}; "
+          f"index of {index['files']} files, {index['bytes'] / 2 ** 20:.0f} MiB, built in {index['buildS']} s")
