@@ -25,9 +25,9 @@ PRIORS = {
     "repo:n6": (2.0, 1.5), "repo:n4": (1.5, 1.5), "repo:n3": (1.0, 2.0),
 }
 GLOBAL_WEIGHT = 0.25  # how much earlier requests count next to this one
-# How much this request's drafts from the same drafter's other buckets count: a file whose repeats
-# mislead (lookup matches that keep failing, whatever their length) should stop costing verify
-# forwards after a few, not after a few per bucket.
+# How much this request's drafts (accepted and failed) from the same drafter's other buckets count: a
+# file whose repeats mislead (lookup matches that keep failing, whatever their length) should stop
+# costing verify forwards after a few, not after a few per bucket.
 FAMILY_WEIGHT = 0.5
 GLOBAL_DECAY = 0.995
 MIN_GAIN = 1.03  # a draft must promise 3% more tokens per second than plain decoding
@@ -116,7 +116,7 @@ class Acceptance:
         """This request's counts over the other buckets of key's drafter (`lookup:n3` -> `lookup:*`)."""
         family = key.split(":", 1)[0]
         s = f = 0.0
-        for other, (os_, of) in self.request.items():
+        for other, (os_, of) in tuple(self.request.items()):  # stats read it from another thread
             if other != key and other.split(":", 1)[0] == family:
                 s, f = s + os_, f + of
         return s, f
@@ -181,5 +181,5 @@ class CostModel:
         return {
             "target_forward_ms": {n: round(s * 1000, 1) for n, s in sorted(self.t.by_tokens.items())},
             "verify8_over_decode": round(self.t(8) / self.t(1), 2),
-            "acceptance": {k: round(self.acceptance.alpha(k), 3) for k in sorted(self.acceptance.lifetime)},
+            "acceptance": {k: round(self.acceptance.alpha(k), 3) for k in sorted(tuple(self.acceptance.lifetime))},
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shlex
 import sys
 from collections import Counter
@@ -42,7 +43,9 @@ def parse_modes(text: str | None) -> tuple[str, ...]:
 def parse_remote_list(text: str | None) -> tuple[tuple[str, str], ...]:
     """--remote's `[LABEL=]TARGET,...` as (label, target) pairs; one target may go unlabelled."""
     pairs = []
-    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+    # a comma starts the next server only before `[LABEL=]openai:` or `llamacpp:` (a URL may hold one)
+    parts = re.split(r",(?=\s*(?:[\w.+-]+=)?(?:openai|llamacpp):)", text or "")
+    for item in filter(None, (part.strip() for part in parts)):
         label, sep, target = item.partition("=")
         # a URL's query may hold '=': only a plain word before it is a label
         if not sep or not label.replace("-", "").replace("+", "").replace("_", "").replace(".", "").isalnum():

@@ -42,7 +42,9 @@ TIMING_METHOD = (
     "generate and llama.cpp, whose prefill forward also yields the first token, the time from the first "
     "token to the last and the tokens after the first (first token time from a streamer / the token "
     "generator). Tokens are counted up to and including the end token; draft tokens a speculative "
-    "step accepted past it are not counted. End-to-end latency is wall time around one request; "
+    "step accepted past it are not counted. An inference server's rows (remote@...) take prefill and "
+    "decode times and token counts from the server's /metrics where it has them (vLLM), else from "
+    "its stream as it arrives. End-to-end latency is wall time around one request; "
     "every request starts cold (no KV cache kept from earlier requests)."
 )
 
@@ -339,8 +341,8 @@ class Bench:
             # tokens after the first, over the time from the first to the last, as for llama.cpp
             rec.decode_tokens, rec.decode_ms = int(grew["generated"]) - 1, grew["decode_s"] * 1000
             rec.prefill_ms = grew.get("prefill_s", 0.0) * 1000
-            # a forward a token, less the tokens its speculation got free
-            rec.target_forwards = int(grew["generated"] - grew.get("accepted", 0))
+            # the forwards after the first token: one a token, less those its speculation got free
+            rec.target_forwards = max(1, int(grew["generated"] - 1 - grew.get("accepted", 0)))
         if rec.stopped == "error":
             rec.error = (engine.stats().get("last") or {}).get("error") or "the server failed"
         return rec.score(case.expected)

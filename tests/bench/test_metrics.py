@@ -225,5 +225,7 @@ def test_remote_servers_are_given_as_a_labelled_list():
     assert parse_remote_list("vllm=openai:http://h:1/v1#m, vllm+ngram=openai:http://h:2/v1#m") == (
         ("vllm", "openai:http://h:1/v1#m"), ("vllm+ngram", "openai:http://h:2/v1#m"))
     assert parse_remote_list("llamacpp:http://h:1?a=b") == (("", "llamacpp:http://h:1?a=b"),)
+    assert parse_remote_list("a=openai:http://h:1/v1?x=1,2#m,b=llamacpp:http://h:2") == (
+        ("a", "openai:http://h:1/v1?x=1,2#m"), ("b", "llamacpp:http://h:2"))
     with pytest.raises(DraftwiseError, match="its own label"):
         parse_remote_list("openai:http://h:1/v1#m,openai:http://h:2/v1#m")

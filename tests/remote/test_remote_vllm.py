@@ -78,7 +78,7 @@ async def quiet(vllm: VllmServer, since: float, within_s: float = 1.0) -> dict:
             if again.get("generated") == m.get("generated") and again.get("running", 0) == 0:
                 assert now < within_s, f"vLLM went on generating for {now:.1f} s: {timeline}"
                 return {"after_s": now, **again}
-        assert now < 10, f"vLLM still generating 10 s later: {timeline}"
+        assert now < max(10.0, within_s), f"vLLM still generating {max(10.0, within_s):.0f} s later: {timeline}"
         await asyncio.sleep(0.05)
 
 
@@ -163,7 +163,7 @@ async def test_the_cancel_check_fails_when_draftwise_leaves_the_stream_open(vllm
             leaky, uri, PRIMES, "cancel-left-open", lambda: vllm.metrics().get("generated", 0) >= base + 5)
         with pytest.raises(AssertionError, match="went on generating|still generating"):
             await quiet(vllm, cancelled_at)
-    await settled(vllm)  # the stream read to its end: vLLM finishes the answer
+    await settled(vllm)  # the server closed with the session: its client's connection, and vLLM's request, end
 
 
 async def test_a_superseding_edit_stops_vllms_generation(client, vllm, outside):

@@ -13,7 +13,7 @@ from lsp_harness import client_capabilities, inline_params, lsp_session, open_do
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-FILES = 5200  # more than the index takes (decoding/repository/files.py: IndexLimits.max_files)
+FILES = 5200  # more than the index takes (decoding/repository/files.py: FileLimits.max_files)
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +52,16 @@ async def test_completions_are_answered_while_5000_files_are_indexed(client, big
     uri = (big_repo / "pkg0" / "use.py").as_uri()
     open_document(client, uri, "from pkg0.module_1 import m1_helper_3\n\nprint(m1_helper_3(")
     started = time.monotonic()
-    result = await client.text_document_inline_completion_async(inline_params(uri, 2, 19))
+    result = await client.text_document_inline_completion_async(inline_params(uri, 2, len("print(m1_helper_3(")))
     waited = time.monotonic() - started
     now = await stats(client)
     during = now["repoContext"]["index"]
     assert result is not None and now["last"]["generated_tokens"] > 0, now["last"]  # the engine ran it
     assert during["building"], f"the index was built before the request was answered: {during}"
-    # The tiny model answers in well under a second on an idle machine; the index's thread shares
-    # the cores, so allow it plenty, but far less than the build takes.
-    assert waited < 5.0, waited
     done = await stats_until(client, lambda s: not s["repoContext"]["index"]["building"], timeout=300)
     index = done["repoContext"]["index"]
     assert index["files"] == 5000 and index["truncated"], index
+    # the index's thread shared the cores with the model, yet the answer took less than the build
+    assert waited < index["buildS"], (waited, index)
     print(f"answered in {waited * 1000:.0f} ms while indexing; "
           f"index of {index['files']} files, {index['bytes'] / 2 ** 20:.0f} MiB, built in {index['buildS']} s")
