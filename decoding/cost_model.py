@@ -181,5 +181,5 @@ class CostModel:
         return {
             "target_forward_ms": {n: round(s * 1000, 1) for n, s in sorted(self.t.by_tokens.items())},
             "verify8_over_decode": round(self.t(8) / self.t(1), 2),
-            "acceptance": {k: round(self.acceptance.alpha(k), 3) for k in sorted(tuple(self.acceptance.lifetime))},
+            "acceptance": {k: round(self.acceptance.alpha(k), 3) for k in sorted(self.acceptance.lifetime)},
         }

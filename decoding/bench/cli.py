@@ -46,11 +46,8 @@ def parse_remote_list(text: str | None) -> tuple[tuple[str, str], ...]:
     # a comma starts the next server only before `[LABEL=]openai:` or `llamacpp:` (a URL may hold one)
     parts = re.split(r",(?=\s*(?:[\w.+-]+=)?(?:openai|llamacpp):)", text or "")
     for item in filter(None, (part.strip() for part in parts)):
-        label, sep, target = item.partition("=")
-        # a URL's query may hold '=': only a plain word before it is a label
-        if not sep or not label.replace("-", "").replace("+", "").replace("_", "").replace(".", "").isalnum():
-            label, target = "", item
-        pairs.append((label, target))
+        labelled = re.fullmatch(r"([\w.+-]+)=(.+)", item)  # a URL's query may hold '=': not a label
+        pairs.append(labelled.groups() if labelled else ("", item))
     labels = [label for label, _ in pairs]
     if len(pairs) > 1 and ("" in labels or len(set(labels)) < len(labels)):
         raise DraftwiseError("--remote: give each server its own label (LABEL=TARGET) when there are several")

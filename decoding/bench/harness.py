@@ -33,6 +33,7 @@ from decoding.bench.metrics import (
     paired_difference, percentile, quality_summary, remote_key, split_key, summarize,
 )
 from decoding.healing import Constraint, without_healed
+from decoding.remote.backends import SPECULATION_COUNTERS
 
 log = logging.getLogger("draftwise.bench")
 
@@ -54,8 +55,7 @@ TIMING_METHOD = (
 SERVER_COUNTERS = {"prefill_s": "vllm:request_prefill_time_seconds_sum",
                    "decode_s": "vllm:request_decode_time_seconds_sum",
                    "generated": "vllm:generation_tokens_total",
-                   "drafted": "vllm:spec_decode_num_draft_tokens_total",
-                   "accepted": "vllm:spec_decode_num_accepted_tokens_total"}
+                   **SPECULATION_COUNTERS}  # drafted, accepted
 
 
 @dataclass

@@ -168,8 +168,9 @@ class VllmServer:
 
 
 def vllm_dtype() -> str:
-    """bf16 where the CPU computes it natively (AVX-512 BF16), else fp32: vLLM's AVX2 build runs
-    both, and the tests compare with vLLM's own answers, so either is right; fp32 is the safe one."""
+    """bf16 where the CPU computes it natively (AVX-512 BF16, as where these tests were run), else
+    fp32, which vLLM's CPU build runs on any CPU; the tests compare with vLLM's own answers, so
+    either dtype is right."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient
@@ -61,10 +61,10 @@ async def lsp_session(server_args: list[str], *, workspace: Path, env: dict[str,
         await client.stop()
 
 
-def inline_session(model_dir: Path, workspace: Path, **options: Any):
+def inline_session(model_dir: Path, workspace: Path, *, args: Sequence[str] = (), **options: Any):
     """A session with a client that shows inline completions (UTF-16 positions), started with
-    `options` as initializationOptions."""
-    return lsp_session(["--target", str(model_dir)], workspace=workspace,
+    `options` as initializationOptions (and `args` as more `draftwise serve` flags)."""
+    return lsp_session(["--target", str(model_dir), *args], workspace=workspace,
                        capabilities=client_capabilities(encodings=["utf-16"], inline=True),
                        initialization_options=options)
 

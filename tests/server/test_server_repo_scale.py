@@ -8,8 +8,7 @@ import pytest
 import pytest_asyncio
 from lsprotocol import types
 
-from lsp_harness import client_capabilities, inline_params, lsp_session, open_document, stats, stats_until, \
-    wait_for_state
+from lsp_harness import inline_params, inline_session, open_document, stats, stats_until, wait_for_state
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -35,10 +34,8 @@ async def client(tiny_model_dir, tmp_path_factory):
     folder), so the test knows the index is building when it asks."""
     small = tmp_path_factory.mktemp("small-repo")
     (small / "app.py").write_text("print('hello')\n")
-    async with lsp_session(["--target", str(tiny_model_dir), "--weights", "int8"], workspace=small,
-                           capabilities=client_capabilities(encodings=["utf-16"], inline=True),
-                           initialization_options={"maxTokens": 6, "scope": "full", "maxTimeMs": 0,
-                                                   "idleWork": False, "repoContext": True}) as (client, _):
+    async with inline_session(tiny_model_dir, small, args=("--weights", "int8"), maxTokens=6, scope="full",
+                              maxTimeMs=0, idleWork=False, repoContext=True) as (client, _):
         await wait_for_state(client)
         await stats_until(client, lambda s: s["repoContext"]["index"]["buildS"] is not None)
         yield client
