@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 
 from decoding import alternatives
 from decoding.api import DRAFTERS, CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
@@ -62,6 +63,50 @@ class Engine:
         log.info("engine ready: target=%s draft=%s device=%s weights=%s (%s) cost=%s", m.target.name,
                  m.draft.name if m.draft else None, m.target.device, m.target.weights, m.weights.reason,
                  m.cost.summary())
+        self._start_compiling()
+
+    def _start_compiling(self) -> None:
+        """`compile` auto/on: build the compiled graphs on a thread of their own while the eager forward
+        serves; they go live between two requests, queued on the worker like one."""
+        setting, runner = self.config.compile, self.models.target_runner
+        if setting == "off":
+            return
+        if not hasattr(runner, "start_compiling") or runner.device.type != "cpu":
+            (log.warning if setting == "on" else log.debug)(
+                "compile %s: the %s forward is not compiled (only the static forward of int8/int4 on a CPU is)",
+                setting, getattr(runner, "path", "?"))
+            return
+        if setting == "auto" and self.models.target.weights != "int8":
+            # int4's compiled rows are not exact (inductor computes its matmul per row count): measured
+            log.debug("compile auto: %s is not compiled (int8 is)", self.models.target.weights)
+            return
+        log.info("forward path: eager; compiling decode and verify forwards in the background")
+        models = self.models
+
+        def go_live() -> None:
+            try:
+                self._worker.call(models.use_compiled_forward)
+            except DraftwiseError:  # the engine closed (a reload) while its graphs were being built
+                log.debug("compiled forward built for a closed engine: not used")
+
+        runner.start_compiling(on_built=go_live)
+
+    def on_model_thread(self, fn):
+        """Run fn on the thread that runs the engine's forwards and return its result (torch work
+        outside the engines, e.g. the benchmark's transformers baselines, belongs there too)."""
+        return self._worker.call(fn).result()
+
+    def wait_compiled(self, timeout: float | None = None) -> str:
+        """Wait until the compiled graphs are live, or compilation failed or never started (tests and
+        the benchmark time the compiled path with it). Returns the forward path."""
+        runner = self._ready_models().target_runner
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while getattr(runner, "compile_state", "off") in ("compiling", "built"):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        self._worker.call(lambda: None).result()  # the switch, queued on the worker, has run
+        return runner.path
 
     # ---- requests -----------------------------------------------------------------------------
     def build_prompt(self, request: CompletionRequest) -> list[int]:
@@ -201,6 +246,11 @@ class Engine:
             "weights_choice": m.weights.to_dict() if m else None,
             "draft_weights": m.draft.weights if m and m.draft else None,
             "forward": getattr(m.target_runner, "path", None) if m else None,
+            "compiled": bool(m and getattr(m.target_runner, "path", None) == "compiled"),
+            # the compile setting and where compiling stands: off, compiling, built, live, failed: why
+            "compile": {"setting": self.config.compile,
+                        "state": getattr(m.target_runner, "compile_state", "off") if m else "off",
+                        "seconds": getattr(m.target_runner, "compile_seconds", None) if m else None},
             # drafts are verified bit for bit (the exactness probe's widest exact width), or not at all
             "verify": ({"exact_width": m.target_runner.exact_width, "lossless": m.target_runner.verify_exact}
                        if m else None),

@@ -31,6 +31,27 @@ class LoadedModels:
     drafting_off: str = ""  # why every request decodes plainly (the target's verify is not row-exact here)
     healing: Any = None  # decoding.healing.BlankHealing for the target's vocabulary
     max_tokens: int = 64  # EngineConfig.max_tokens: a request's default
+    measure_repeats: int = 3  # forwards timed per size for the cost model
+
+    def use_compiled_forward(self) -> str:
+        """On the worker thread, between requests: serve from the target's compiled graphs, once built
+        (decoding/runners/static.py). Their verify rows are probed for exactness as the eager ones were,
+        and forwards timed again for the cost model; if they verify fewer rows exactly than the graphs'
+        widest (16), the eager forward serves on. Returns the forward path now live."""
+        from decoding.runners import exactness
+
+        runner = self.target_runner
+        if not runner.go_live():
+            return runner.path
+        exactness.measure(runner)
+        if runner.exact_width < runner.compiled.max_rows:
+            runner.drop_compiled(f"its verify forwards are exact up to {runner.exact_width} rows only")
+            exactness.measure(runner)
+            return runner.path
+        self.cost.t = measure_forward_times(runner, repeats=self.measure_repeats)
+        self.cost.max_draft = max(0, min(16, runner.exact_width - 1))
+        log.info("forward path: compiled; cost model re-timed: %s", self.cost.summary())
+        return runner.path
 
     def prompt_parts(self, request):
         """A decoding.api.CompletionRequest's prompt: decoding.prompt.PromptParts, its blanks healed.
@@ -101,7 +122,8 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
                      max_draft=max(0, min(16, runner.exact_width - 1)))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
                           runner, cost, {"lookup": LookupDrafter(encode=prompts.encode), "suggestion": SuggestionDrafter(target.tokenizer)},
-                          healing=prompts.blank_healing(runner.vocab_size), max_tokens=cfg.max_tokens)
+                          healing=prompts.blank_healing(runner.vocab_size), max_tokens=cfg.max_tokens,
+                          measure_repeats=3 if cfg.measure_cost else 1)
     if not runner.verify_exact:
         models.drafting_off = (f"{target.weights} weights: a verify forward's logits differ from one-token steps' "
                                f"here (by up to {runner.verify_difference:.3g}), so drafting could change the text; "

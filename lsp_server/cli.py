@@ -6,11 +6,12 @@ import json
 import logging
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # keep library chatter off the user's terminal
 
-from decoding.api import DRAFTERS, SCOPES, WEIGHT_FORMATS, EngineConfig  # noqa: E402  (light: no torch)
+from decoding.api import COMPILE_SETTINGS, DRAFTERS, SCOPES, WEIGHT_FORMATS, EngineConfig  # noqa: E402  (light: no torch)
 from decoding.errors import DraftwiseError  # noqa: E402
 
 log = logging.getLogger("draftwise")
@@ -38,6 +39,12 @@ def add_model_flags(p: argparse.ArgumentParser, many_weights: bool = False) -> N
     g.add_argument("--draft-weights", default=d.draft_weights, choices=WEIGHT_FORMATS,
                    help="draft model weight format; auto: the fastest (default: %(default)s)")
     g.add_argument("--context-tokens", type=int, default=d.context_tokens, help="prompt token budget (default: %(default)s)")
+    if not many_weights:  # the benchmark has its own --compile: a list of modes
+        g.add_argument("--compile", default=d.compile, choices=COMPILE_SETTINGS,
+                       help="run decode and verify forwards on graphs torch.compile builds (int8/int4 on a CPU): auto "
+                            "and on build them in the background while the eager forward serves; minutes the first "
+                            "time, seconds from the cache later; a one-shot `complete` never waits for it "
+                            "(default: %(default)s)")
     g.add_argument("--trust-remote-code", action="store_true", help="allow model repositories to run their own code (off by default)")
 
 
@@ -47,6 +54,7 @@ def engine_config(args) -> EngineConfig:
     return EngineConfig(target=args.target, draft=None if args.draft in (None, "none") else args.draft,
                         drafter=args.drafter, max_tokens=args.max_tokens, device=args.device, dtype=args.dtype,
                         weights=args.weights, draft_weights=args.draft_weights,
+                        compile=getattr(args, "compile", "off"),
                         context_tokens=args.context_tokens, trust_remote_code=args.trust_remote_code)
 
 
@@ -130,7 +138,10 @@ def cmd_complete(args) -> int:
     except UnicodeDecodeError as exc:
         raise DraftwiseError(f"{path} is not UTF-8 text") from exc
     offset = position_to_offset(text, args.line, args.character, str(path))
-    engine = Engine(engine_config(args))
+    config = engine_config(args)
+    if config.compile == "auto":  # one suggestion, then exit: a background compile would only compete for the CPU
+        config = replace(config, compile="off")
+    engine = Engine(config)
     try:
         engine.load()
         result = engine.complete(CompletionRequest(

@@ -94,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--repo-context", default="off,on", metavar="LIST",
                    help="the cross-file cases' runs without (off) and with (on) the repository context: rows "
                         "MODE@FORMAT and MODE@FORMAT+context (default: %(default)s)")
+    g.add_argument("--compile", dest="compile_arg", default="off", metavar="LIST",
+                   help="run each format's engine modes eager (off) and on compiled graphs (on): rows MODE@FORMAT "
+                        "and MODE@FORMAT+compile; the graphs are built (or loaded from the cache) before timing "
+                        "(default: %(default)s)")
     g.add_argument("--serve-rss", action="store_true",
                    help="also start `draftwise serve` once per format and measure its resident memory")
     g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
@@ -126,9 +130,18 @@ def parse_formats(text: str | None) -> list[str]:
     return formats
 
 
-def load_engines(config, formats: list[str], say) -> tuple[dict, object, str]:
-    """One engine per weight format, `auto` resolved to the format it picks (listed first). Returns
-    (format -> engine, the fp32 engine the Hugging Face baselines use, auto's reason)."""
+def parse_compile(text: str | None) -> list[str]:
+    modes = list(dict.fromkeys(m.strip() for m in (text or "off").split(",") if m.strip()))
+    if not modes or any(m not in ("off", "on") for m in modes):
+        raise DraftwiseError(f"--compile takes off, on or off,on, got {text!r}")
+    return modes
+
+
+def load_engines(config, formats: list[str], say, compiles: tuple[str, ...] = ("off",),
+                 notes: dict | None = None) -> tuple[dict, object, str]:
+    """One engine per weight format, `auto` resolved to the format it picks (listed first), eager
+    and/or on compiled graphs (key FORMAT+compile). Returns (key -> engine, the fp32 engine the
+    Hugging Face baselines use, auto's reason). notes: why a compiled row is missing, per key."""
     from dataclasses import replace
 
     from decoding.engine import Engine
@@ -136,18 +149,25 @@ def load_engines(config, formats: list[str], say) -> tuple[dict, object, str]:
     engines: dict = {}
     reason = ""
     for fmt in sorted(formats, key=lambda f: f != "auto"):
-        if fmt != "auto" and fmt in engines:
-            continue
-        say(f"loading {fmt} weights")
-        engine = Engine(replace(config, weights=fmt))
-        engine.load()
-        chosen = engine.models.target.weights
-        if fmt == "auto":
-            reason = engine.models.weights.reason
-        if chosen in engines:
-            engine.close()
-            continue
-        engines[chosen] = engine
+        for compiled in sorted(compiles, key=lambda c: c != "off"):
+            if fmt != "auto" and (fmt if compiled == "off" else f"{fmt}+compile") in engines:
+                continue
+            say(f"loading {fmt} weights" + (", compiling" if compiled == "on" else ""))
+            engine = Engine(replace(config, weights=fmt, compile=compiled))
+            engine.load()
+            chosen = engine.models.target.weights
+            if fmt == "auto":
+                reason = engine.models.weights.reason
+            key = chosen if compiled == "off" else f"{chosen}+compile"
+            if compiled == "on" and engine.wait_compiled() != "compiled":
+                if notes is not None:
+                    notes[key] = f"not compiled: {engine.info()['compile']['state']}"
+                engine.close()
+                continue
+            if key in engines:
+                engine.close()
+                continue
+            engines[key] = engine
     reference = engines.get("fp32")
     if reference is None:  # hf-plain is always fp32: the reference every speedup is measured against
         say("loading fp32 weights for the transformers baselines")
@@ -208,6 +228,7 @@ def run(args) -> int:
         draft_weights=getattr(args, "draft_weights", "auto"),
         context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens),
         trust_remote_code=getattr(args, "trust_remote_code", False),
+        compile="off",  # compiled engines only where --compile asks (rows +compile)
     )
     typing_drafter = getattr(args, "drafter", None) or "auto"
     if typing_drafter == "none":
@@ -221,7 +242,10 @@ def run(args) -> int:
     )
     load_before = _load_average()
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:
-        engines, reference, auto_reason = load_engines(config, formats, bar.set_description_str)
+        compile_notes: dict = {}
+        engines, reference, auto_reason = load_engines(config, formats, bar.set_description_str,
+                                                       tuple(parse_compile(getattr(args, "compile_arg", None))),
+                                                       compile_notes)
     engine = next(iter(engines.values()))
     try:
         bench = Bench(engines, cases, settings, target_spec=args.target, reference=reference,
@@ -255,6 +279,9 @@ def run(args) -> int:
         "auto_exact": next(iter(engines.values())).models.target_runner.verify_exact if "auto" in formats else None,
         "auto_weights_reason": auto_reason or None, "weights_choice": info.get("weights_choice"),
         "draft_weights": info.get("draft_weights"), "serve_rss_mib": serve_rss,
+        # every compiled engine's compile state (seconds to build or load its graphs), and why a row is missing
+        "compile": {key: e.info()["compile"] for key, e in engines.items() if key.endswith("+compile")} or None,
+        "compile_missing": compile_notes or None,
         "quality_cases": len(quality_cases),
         "max_tokens": max_tokens, "context_tokens": config.context_tokens, "seed": args.seed, "limit": args.limit,
         "cases": len(cases), "languages": dict(Counter(c.language for c in cases)),
@@ -310,7 +337,7 @@ def _crossfile_only(args, weights: str) -> int:
     from decoding.bench import report
     from decoding.engine import Engine
 
-    config = EngineConfig(target=args.target, weights=weights, max_tokens=getattr(args, "max_tokens", None) or 48,
+    config = EngineConfig(target=args.target, weights=weights, compile="off", max_tokens=getattr(args, "max_tokens", None) or 48,
                           device=getattr(args, "device", "auto"),
                           context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens))
     engine = Engine(config)

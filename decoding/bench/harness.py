@@ -310,7 +310,10 @@ class Bench:
                     kw["prompt_lookup_num_tokens"] = self.s.lookup_tokens
                 if healed:
                     kw["healing"] = Constraint(e.models.healing, healed)
-                g = generate_timed(e.models.target.model, prompt, self.s.max_tokens, e.models.end_ids, **kw)
+                # on the engines' model thread: a second thread running torch would slow every engine
+                # row (decoding/jobs.py ModelWorker)
+                g = e.on_model_thread(lambda: generate_timed(e.models.target.model, prompt, self.s.max_tokens,
+                                                             e.models.end_ids, **kw))
             else:  # llama.cpp reads the prompt with its blanks, as its own users' prompts are
                 healed, prompt = "", e.models.prompts.build_request(request).ids
                 g = self._llama().generate(mode == "llamacpp-lookup", prompt, self.s.max_tokens, e.models.end_ids)

@@ -55,8 +55,12 @@ class Runner:
         for i in range(0, len(missing), self.prefill_chunk):
             if cancel is not None and cancel.cancelled:
                 raise Cancelled()
-            self.forward(missing[i:i + self.prefill_chunk], logits_to_keep=1)
+            self._read_prompt(missing[i:i + self.prefill_chunk])
         return len(missing)
+
+    def _read_prompt(self, ids: list[int]) -> None:
+        """Feed prompt tokens whose logits nobody reads (sync's chunks)."""
+        self.forward(ids, logits_to_keep=1)
 
     prefill_chunk = PREFILL_CHUNK
 

@@ -1,11 +1,22 @@
 """The quantized formats (int8, int4) on the static-shape forward (decoding/models/static_decoder.py):
 one KV buffer per model holds the live cache in place, saved caches are copies of its first n
-positions, and every verify row is a decode step bit for bit (the exactness probe checks it)."""
+positions, and every verify row is a decode step bit for bit (the exactness probe checks it).
+
+With `compile` on, the forwards a request waits on token by token (decode steps, verify forwards)
+run on graphs torch.compile built (decoding/models/compiled_forward.py); prompts are still read by
+the eager forward. The graphs are built on a thread of their own while the eager forward serves, and
+go live between two requests (go_live), so that one request never mixes the two paths."""
 from __future__ import annotations
+
+import logging
+import threading
+import time
 
 import torch
 
 from decoding.runners.base import OneLiveCache
+
+log = logging.getLogger(__name__)
 
 # Prefill chunk: the int8 matmul costs about as much per token at 128 rows as at 512 (oneDNN's
 # blocking), and a smaller chunk lets a cancel land sooner.
@@ -13,7 +24,6 @@ STATIC_PREFILL_CHUNK = 256
 
 
 class StaticRunner(OneLiveCache):
-    path = "eager"
     prefill_chunk = STATIC_PREFILL_CHUNK
 
     def __init__(self, loaded, cache_budget_bytes: int, role: str = "target") -> None:
@@ -21,12 +31,71 @@ class StaticRunner(OneLiveCache):
         self.model = loaded.model  # a StaticDecoder
         self.vocab_size = self.model.vocab_size
         self._init_live(self.model.kv_bytes_per_token, cache_budget_bytes)
+        self.compiled = None  # the live CompiledForward, once go_live() took it
+        self.built = None  # a CompiledForward built and checked, not live yet
+        # off | compiling | built | live | failed: why
+        self.compile_state = "off"
+        self.compile_seconds: float | None = None
+        self._reading_prompt = False
+
+    @property
+    def path(self) -> str:
+        return "compiled" if self.compiled is not None else "eager"
 
     @property
     def max_positions(self) -> int:
         """Positions the cache holds without growing (the exactness probe tests near it)."""
         return self.model.max_len
 
+    # ---- the compiled path ----------------------------------------------------------------------
+    def start_compiling(self, on_built=None, widths=None) -> threading.Thread:
+        """Build the compiled graphs on a thread of its own (minutes the first time on a CPU, seconds
+        from inductor's cache later); on_built() is called when they are ready to go live."""
+        from decoding.models.compiled_forward import WIDTHS, CompiledForward
+
+        self.compile_state = "compiling"
+
+        def build() -> None:
+            started = time.perf_counter()
+            try:
+                compiled = CompiledForward(self.model, widths or WIDTHS)
+                compiled.build()
+            except Exception as exc:  # noqa: BLE001 - the eager path goes on serving
+                self.compile_state = f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+                log.warning("compiled forward not used: %s", self.compile_state)
+                return
+            self.compile_seconds = time.perf_counter() - started
+            self.built, self.compile_state = compiled, "built"
+            log.info("compiled forward built in %.1f s; it goes live before the next request", self.compile_seconds)
+            if on_built is not None:
+                on_built()
+
+        thread = threading.Thread(target=build, name="draftwise-compile", daemon=True)
+        thread.start()
+        return thread
+
+    def go_live(self) -> bool:
+        """Between requests (on the thread that runs them): serve from the built graphs from now on.
+        Saved caches stay: they are keys and values of tokens, whichever path computed them."""
+        if self.built is None:
+            return False
+        self.compiled, self.built, self.compile_state = self.built, None, "live"
+        log.info("forward path: compiled (decode and verify forwards of up to %d rows)", self.compiled.max_rows)
+        return True
+
+    def drop_compiled(self, why: str) -> None:
+        """Back to the eager forward for good (between requests)."""
+        self.compiled, self.compile_state = None, f"failed: {why}"
+        log.warning("compiled forward not used: %s", why)
+
+    def _read_prompt(self, ids: list[int]) -> None:
+        self._reading_prompt = True
+        try:
+            self.forward(ids, logits_to_keep=1)
+        finally:
+            self._reading_prompt = False
+
+    # ---- the live cache -------------------------------------------------------------------------
     def assume_cached(self, ids: list[int]) -> None:
         """Take the buffer's first len(ids) positions as these tokens' cache, whatever they hold: the
         exactness probe compares forwards over one cache and needs no real prompt read first."""
@@ -35,6 +104,13 @@ class StaticRunner(OneLiveCache):
 
     @torch.inference_mode()
     def _live_decode(self, ids: list[int], position: int, keep: int) -> torch.Tensor:
+        compiled = self.compiled
+        if compiled is not None and not self._reading_prompt and compiled.fits(position, len(ids)):
+            try:
+                with torch.compiler.set_stance("fail_on_recompile"):
+                    return compiled.forward(ids, position, keep)
+            except Exception as exc:  # noqa: BLE001 - a guard the build did not foresee: never compile while a user waits
+                self.drop_compiled(f"it would have compiled again: {type(exc).__name__}: {exc}".splitlines()[0][:300])
         return self.model(torch.tensor(ids, dtype=torch.long), position, keep)
 
     def _live_drop_from(self, position: int) -> None:

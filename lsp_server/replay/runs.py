@@ -92,7 +92,17 @@ def run_draftwise(replay: Replay, serve_args: list[str], idle: bool, say=print, 
                                 "idle_setting_known_to_server": final["idle_setting_known"],
                                 "weights": loaded.get("weights"), "drafter": loaded.get("drafter"),
                                 "device": loaded.get("device")},
-            "server_suggestions": final["stats"].get("suggestions"), "files": [r.to_dict() for r in results]}
+            "server_suggestions": final["stats"].get("suggestions"),
+            # the path the typing ran on, and whether it speculated: the engine's own counts
+            "server_engine": _engine_summary(final["stats"]), "files": [r.to_dict() for r in results]}
+
+
+def _engine_summary(stats: dict) -> dict:
+    cumulative, idle = stats.get("cumulative") or {}, stats.get("idle") or {}
+    return {"forward": stats.get("forward"), "compiled": stats.get("compiled"), "verify": stats.get("verify"),
+            **{k: cumulative.get(k) for k in ("generated_tokens", "target_forwards", "drafted_tokens",
+                                              "accepted_tokens", "drafted_by", "accepted_by")},
+            "idle_prefetches": idle.get("prefetches")}
 
 
 def run_llama_vim(replay: Replay, binary: str, gguf: str, say=print) -> dict:

@@ -1,0 +1,158 @@
+"""The static forward (decoding/models/static_decoder.py) compiled by torch.compile's CPU backend
+(inductor), for the forwards a request waits on token by token: decode steps and verify forwards.
+
+Shapes are fixed where it matters and dynamic where it does not cost a graph:
+- one graph per row width (WIDTHS): a forward of n rows is padded to the next width; the padding
+  rows write their keys and values to the buffer's last position, which no compiled row reads;
+- the attention window (a multiple of WINDOW_STEP) is a dynamic dimension: one graph serves every
+  cache position, and attention still reads only the window a row needs;
+- a forward whose rows span two windows runs as two calls, one per window (as the eager forward
+  splits it), so a row's sums never depend on the forward it came in.
+
+Prompts are read by the eager forward (chunks of hundreds of rows, where op overhead is nothing);
+the rows the engine keeps logits for run here. A compiled row is exact against a compiled decode
+step at every width and padding (the integer matmuls, and reductions that run along each row): it is
+checked here on scratch buffers before the path goes live, and the exactness probe measures it
+again on the runner. Compiled and eager rows are not bit-identical to each other (inductor fuses the
+float ops), so one request runs on one path: StaticRunner switches between requests.
+
+Compiling takes minutes on a laptop CPU; inductor keeps what it built on disk (under
+$DRAFTWISE_HOME/inductor), and a later start loads it in seconds. StaticRunner compiles on a thread
+of its own while the eager forward serves.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import torch
+from torch.nn import functional as F
+
+from decoding.models import paths
+from decoding.models.static_decoder import WINDOW_STEP, StaticDecoder, _bmm
+
+log = logging.getLogger(__name__)
+
+WIDTHS = (1, 2, 4, 8, 16)  # rows per compiled forward: a decode step, and drafts padded up
+
+
+def inductor_cache_dir() -> str:
+    """Where inductor keeps compiled graphs across starts (unless the user chose a place)."""
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(paths.draftwise_home() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def _step(model: StaticDecoder, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor,
+          k_layers: list[torch.Tensor], v_layers: list[torch.Tensor]) -> torch.Tensor:
+    """StaticDecoder.forward for rows that share one window (visible: [1, group * n, window]),
+    writing keys and values into the per-layer caches in place; float logits of every row."""
+    m = model
+    n = ids.shape[0]
+    h, kvh, d, g = m.heads, m.kv_heads, m.head_dim, m.group
+    window = visible.shape[-1]
+    x = m.embed(ids).to(m.dtype)
+    cos, sin = m.cos[pos].unsqueeze(1), m.sin[pos].unsqueeze(1)
+    for i, block in enumerate(m.blocks):
+        qkv = block.qkv(m._norm(x, block.norm1)).to(m.dtype)
+        q = m._rotate(qkv[:, :h * d].view(n, h, d), cos, sin)
+        k = m._rotate(qkv[:, h * d:(h + kvh) * d].view(n, kvh, d), cos, sin)
+        v = qkv[:, (h + kvh) * d:].view(n, kvh, d)
+        k_layers[i][:, pos] = k.transpose(0, 1)
+        v_layers[i][:, pos] = v.transpose(0, 1)
+        rows = (q * d ** -0.5).view(n, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * n, d)
+        scores = _bmm(rows, k_layers[i][:, :window].transpose(1, 2))
+        probs = torch.softmax(scores.float().masked_fill(~visible, float("-inf")), dim=-1).to(m.dtype)
+        attended = _bmm(probs, v_layers[i][:, :window]).view(kvh, g, n, d)
+        x = x + block.o(attended.permute(2, 0, 1, 3).reshape(n, h * d)).to(m.dtype)
+        gate_up = block.gate_up(m._norm(x, block.norm2))
+        half = gate_up.shape[1] // 2
+        x = x + block.down((F.silu(gate_up[:, :half]) * gate_up[:, half:]).to(m.dtype)).to(m.dtype)
+    return m.lm_head(m._norm(x, m.norm).float()).float()
+
+
+def padded_width(n: int, widths: tuple[int, ...] = WIDTHS) -> int | None:
+    return next((w for w in widths if w >= n), None)
+
+
+class CompiledForward:
+    """StaticDecoder's forward for up to max(widths) rows, compiled; build() compiles every width."""
+
+    def __init__(self, model: StaticDecoder, widths: tuple[int, ...] = WIDTHS) -> None:
+        self.model, self.widths = model, tuple(sorted(widths))
+        self.cache_len = model.max_len  # the KV buffer's length the graphs were built for
+        self._fn = torch.compile(lambda *args: _step(model, *args), dynamic=False, fullgraph=True)
+        self.compile_s = 0.0
+        self.ready = False
+
+    @property
+    def max_rows(self) -> int:
+        return self.widths[-1]
+
+    def fits(self, start: int, n: int) -> bool:
+        """Whether the compiled graphs can run these rows (the buffer has not grown since)."""
+        # rows end before the buffer's last position unless they fill the widest graph (no padding)
+        return (self.ready and self.model.max_len == self.cache_len and n <= self.max_rows
+                and start + self.max_rows <= self.cache_len)
+
+    def _call(self, ids: list[int], start: int, k_layers, v_layers) -> torch.Tensor:
+        """Rows that share one window: padded to a compiled width; their logits [len(ids), V]."""
+        n = len(ids)
+        width = padded_width(n, self.widths)
+        window = ((start + n - 1) // WINDOW_STEP + 1) * WINDOW_STEP
+        window = min(window, self.cache_len)
+        # padding rows go to the buffer's last position: no row a graph computes reads it (fits())
+        pos = torch.tensor(list(range(start, start + n)) + [self.cache_len - 1] * (width - n))
+        padded = torch.tensor(ids + [ids[-1]] * (width - n), dtype=torch.long)
+        g = self.model.group
+        visible = (torch.arange(window).unsqueeze(0) <= pos.unsqueeze(1)).unsqueeze(0).expand(g, width, window) \
+            .reshape(1, g * width, window)
+        torch._dynamo.mark_dynamic(visible, 2)
+        return self._fn(padded, pos, visible, k_layers, v_layers)[:n]
+
+    def forward(self, ids: list[int], start: int, keep: int, caches=None) -> torch.Tensor:
+        """Like StaticDecoder.forward (rows at positions start..), on the compiled graphs."""
+        k_layers, v_layers = caches or (list(self.model.k_cache.unbind(0)), list(self.model.v_cache.unbind(0)))
+        parts = []
+        for a, b, _ in self.model.window_groups(start, len(ids)):
+            parts.append(self._call(ids[a:b], start + a, k_layers, v_layers))
+        logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return logits[len(ids) - keep:]
+
+    @torch.inference_mode()
+    def build(self) -> None:
+        """Compile every width (or load it from inductor's cache) on scratch KV buffers, each wider
+        one checked at once against compiled one-token steps (a path that is not exact fails after
+        two graphs, not five), and mark the graphs ready."""
+        inductor_cache_dir()
+        m = self.model
+        # Scratch buffers of the live ones' kind: an inference tensor and a normal one dispatch
+        # differently, and a graph built for one kind would be built again (a minute) for the other.
+        with torch.inference_mode(m.k_cache.is_inference()):
+            scratch = (list(torch.zeros_like(m.k_cache).unbind(0)), list(torch.zeros_like(m.v_cache).unbind(0)))
+        ids = [(i * 7919) % min(m.vocab_size - 20, 1000) + 10 for i in range(WINDOW_STEP + 2 * self.max_rows)]
+        started = time.perf_counter()
+        # where the widest forward stays in one window, and where it spans two; the rows compared read
+        # the same cache before `start`, whatever it holds
+        starts = (WINDOW_STEP // 2, WINDOW_STEP - self.max_rows // 2)
+        steps: dict[int, torch.Tensor] = {}
+        checked = 1
+        for width in self.widths:
+            t = time.perf_counter()
+            # compiled at positions past those compared: rows never attend to keys after their own
+            self.forward(ids[:width], 2 * WINDOW_STEP, width, scratch)
+            log.info("compiled forward: %d-row graph ready in %.1f s", width, time.perf_counter() - t)
+            if not steps:
+                steps = {s: torch.cat([self.forward([ids[p]], p, 1, scratch) for p in range(s, s + self.max_rows)])
+                         for s in starts}
+            for n in range(checked + 1, width + 1):
+                for start in starts:
+                    rows = self.forward(ids[start:start + n], start, n, scratch)
+                    if not torch.equal(rows, steps[start][:n]):
+                        diff = float((rows - steps[start][:n]).abs().max())
+                        raise RuntimeError(f"compiled {n}-row forwards differ from compiled one-token steps "
+                                           f"(by {diff:.3g} at position {start}): not exact")
+            checked = width
+        self.compile_s = time.perf_counter() - started
+        self.ready = True
