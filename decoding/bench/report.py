@@ -161,7 +161,16 @@ def crossfile_markdown(crossfile: Mapping) -> str:
 
 
 def write_json(data: Mapping, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    """The run as JSON. A case's file on disk (`source`) stays out: it names this machine's
+    directories; the case's package path, line and the run's seed say which code it was."""
+    def public(value):
+        if isinstance(value, Mapping):
+            return {k: public(v) for k, v in value.items() if k != "source"}
+        if isinstance(value, list):
+            return [public(v) for v in value]
+        return value
+
+    Path(path).write_text(json.dumps(public(data), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def plot(data: Mapping, path: str | Path) -> None:

@@ -229,3 +229,13 @@ def test_remote_servers_are_given_as_a_labelled_list():
         ("a", "openai:http://h:1/v1?x=1,2#m"), ("b", "llamacpp:http://h:2"))
     with pytest.raises(DraftwiseError, match="its own label"):
         parse_remote_list("openai:http://h:1/v1#m,openai:http://h:2/v1#m")
+
+
+def test_the_json_names_no_directory_of_this_machine(tmp_path):
+    from decoding.bench.report import write_json
+
+    out = tmp_path / "run.json"
+    write_json({"cases": [{"path": "pkg/mod.py", "line": 3, "source": "/home/someone/venv/pkg/mod.py"}],
+                "quality_cases": [], "config": {"seed": 0}}, out)
+    data = json.loads(out.read_text())
+    assert data["cases"] == [{"path": "pkg/mod.py", "line": 3}] and "/home/someone" not in out.read_text()
