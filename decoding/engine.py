@@ -19,6 +19,11 @@ from decoding.request_run import read_prompt_ahead, run_plan
 
 log = logging.getLogger("draftwise.engine")
 
+# `compile auto` builds graphs only for a model whose eager decode step (measured at load) takes at
+# least this long: compiling removes per-op overhead (~9 ms of the 0.5B's ~40 ms step on 2 cores) at
+# the price of minutes of compiling; a small model's whole step is less than that overhead saves.
+AUTO_COMPILE_MIN_STEP_S = 0.015
+
 __all__ = ["Engine", "Job", "Progress"]
 
 
@@ -79,6 +84,10 @@ class Engine:
         if setting == "auto" and self.models.target.weights != "int8":
             # int4's compiled rows are not exact (inductor computes its matmul per row count): measured
             log.debug("compile auto: %s is not compiled (int8 is)", self.models.target.weights)
+            return
+        step_s = self.models.cost.t(1)
+        if setting == "auto" and step_s < AUTO_COMPILE_MIN_STEP_S:
+            log.debug("compile auto: a decode step takes %.1f ms here, too little to pay for compiling", step_s * 1000)
             return
         log.info("forward path: eager; compiling decode and verify forwards in the background")
         models = self.models

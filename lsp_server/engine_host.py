@@ -183,9 +183,6 @@ class EngineHost:
             "dtype": info.get("dtype") or config.dtype,
             "weights": info.get("weights") or config.weights,
             "weightsReason": info.get("weights_reason"),
-            # decode and verify forwards on compiled graphs (the `compile` setting, and how far it got)
-            "compiled": bool(info.get("compiled")),
-            "compile": info.get("compile"),
             "draftWeights": info.get("draft_weights") or (config.draft_weights if config.draft else None),
             "fimTemplate": info.get("fim_template"),
             "draftNote": info.get("draft_note") or None,
@@ -201,6 +198,9 @@ class EngineHost:
             # the forward that runs and the exactness probe's verdict (listed last: the editors' stats
             # views show the request figures first)
             "forward": info.get("forward"),
+            # decode and verify forwards on compiled graphs (the `compile` setting, and how far it got)
+            "compiled": bool(info.get("compiled")),
+            "compile": info.get("compile"),
             "verify": info.get("verify"),
         }
 

@@ -128,3 +128,18 @@ def test_every_engine_of_a_process_runs_on_one_model_thread(engines):
     with pytest.raises(Exception, match="closed"):
         worker.call(lambda: None)
     assert off.on_model_thread(lambda: 7) == 7  # the thread serves the other engines on
+
+
+def test_auto_compiles_only_where_a_decode_step_is_slow_enough_to_pay(tiny_model_dir):
+    """The tiny model's step is a millisecond or two: `auto` leaves it eager (the 0.5B's ~40 ms step
+    compiles); `on` would compile it anyway (the fixture above)."""
+    from decoding.engine import AUTO_COMPILE_MIN_STEP_S
+
+    e = Engine(EngineConfig(target=str(tiny_model_dir), weights="int8", compile="auto"))
+    e.load()
+    try:
+        assert e.models.cost.t(1) < AUTO_COMPILE_MIN_STEP_S
+        assert e.info()["compile"] == {"setting": "auto", "state": "off", "seconds": None}
+        assert e.wait_compiled(timeout=5) == "eager"
+    finally:
+        e.close()
