@@ -422,6 +422,9 @@ class Engine:
             elif job.reason == "time_limit":
                 self._set_health(OK, None)
         except backends.RemoteProblem as problem:
+            if job.cancel_token.cancelled:  # the cancel closed the stream before it reached this task
+                stats.stopped = job.reason or "cancelled"
+                return
             self._set_health(problem.kind, str(problem))
             stats.stopped, stats.error = "error", str(problem)
         except Exception as exc:  # noqa: BLE001 - an unexpected reply: one line, the server keeps going
