@@ -23,13 +23,11 @@ of its own while the eager forward serves.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
 from torch.nn import functional as F
 
-from decoding.models import paths
 from decoding.models.static_decoder import WINDOW_STEP, StaticDecoder, _bmm
 
 log = logging.getLogger(__name__)
@@ -38,10 +36,11 @@ WIDTHS = (1, 2, 4, 8, 16)  # rows per compiled forward: a decode step, and draft
 
 
 def inductor_cache_dir() -> str:
-    """Where inductor keeps compiled graphs across starts (unless the user chose a place)."""
-    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(paths.draftwise_home() / "inductor")
-    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    """Where inductor keeps compiled graphs across starts: $DRAFTWISE_HOME/inductor unless the user
+    set TORCHINDUCTOR_CACHE_DIR (decoding/__init__.py sets it before torch is imported)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
 
 
 def _step(model: StaticDecoder, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor,
