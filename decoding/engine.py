@@ -81,10 +81,6 @@ class Engine:
                 "compile %s: the %s forward is not compiled (only the static forward of int8/int4 on a CPU is)",
                 setting, getattr(runner, "path", "?"))
             return
-        if setting == "auto" and self.models.target.weights != "int8":
-            # int4's compiled rows are not exact (inductor computes its matmul per row count): measured
-            log.debug("compile auto: %s is not compiled (int8 is)", self.models.target.weights)
-            return
         step_s = self.models.cost.t(1)
         if setting == "auto" and step_s < AUTO_COMPILE_MIN_STEP_S:
             log.debug("compile auto: a decode step takes %.1f ms here, too little to pay for compiling", step_s * 1000)

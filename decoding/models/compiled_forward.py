@@ -26,49 +26,27 @@ import logging
 import time
 
 import torch
-from torch.nn import functional as F
-
-from decoding.models.static_decoder import WINDOW_STEP, StaticDecoder, _bmm
+from decoding.models.static_decoder import WINDOW_STEP, StaticDecoder
 
 log = logging.getLogger(__name__)
 
 WIDTHS = (1, 2, 4, 8, 16)  # rows per compiled forward: a decode step, and drafts padded up
 
 
-def inductor_cache_dir() -> str:
-    """Where inductor keeps compiled graphs across starts: $DRAFTWISE_HOME/inductor unless the user
-    set TORCHINDUCTOR_CACHE_DIR (decoding/__init__.py sets it before torch is imported)."""
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    return cache_dir()
-
-
 def _step(model: StaticDecoder, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor,
           k_layers: list[torch.Tensor], v_layers: list[torch.Tensor]) -> torch.Tensor:
-    """StaticDecoder.forward for rows that share one window (visible: [1, group * n, window]),
-    writing keys and values into the per-layer caches in place; float logits of every row."""
-    m = model
-    n = ids.shape[0]
-    h, kvh, d, g = m.heads, m.kv_heads, m.head_dim, m.group
-    window = visible.shape[-1]
+    """StaticDecoder.forward for rows that share one window (visible: [1, group * n, window]): keys
+    and values written by index (positions as a tensor: one graph for every start), float logits of
+    every row."""
+    m, window = model, visible.shape[-1]
     x = m.embed(ids).to(m.dtype)
     cos, sin = m.cos[pos].unsqueeze(1), m.sin[pos].unsqueeze(1)
     for i, block in enumerate(m.blocks):
-        qkv = block.qkv(m._norm(x, block.norm1)).to(m.dtype)
-        q = m._rotate(qkv[:, :h * d].view(n, h, d), cos, sin)
-        k = m._rotate(qkv[:, h * d:(h + kvh) * d].view(n, kvh, d), cos, sin)
-        v = qkv[:, (h + kvh) * d:].view(n, kvh, d)
-        k_layers[i][:, pos] = k.transpose(0, 1)
-        v_layers[i][:, pos] = v.transpose(0, 1)
-        rows = (q * d ** -0.5).view(n, kvh, g, d).permute(1, 2, 0, 3).reshape(kvh, g * n, d)
-        scores = _bmm(rows, k_layers[i][:, :window].transpose(1, 2))
-        probs = torch.softmax(scores.float().masked_fill(~visible, float("-inf")), dim=-1).to(m.dtype)
-        attended = _bmm(probs, v_layers[i][:, :window]).view(kvh, g, n, d)
-        x = x + block.o(attended.permute(2, 0, 1, 3).reshape(n, h * d)).to(m.dtype)
-        gate_up = block.gate_up(m._norm(x, block.norm2))
-        half = gate_up.shape[1] // 2
-        x = x + block.down((F.silu(gate_up[:, :half]) * gate_up[:, half:]).to(m.dtype)).to(m.dtype)
-    return m.lm_head(m._norm(x, m.norm).float()).float()
+        rows, k, v = m.attention_inputs(block, x, cos, sin)
+        k_layers[i][:, pos] = k
+        v_layers[i][:, pos] = v
+        x = m.after_attention(block, x, m.attend(rows, k_layers[i][:, :window], v_layers[i][:, :window], visible))
+    return m.logits(x)
 
 
 def padded_width(n: int, widths: tuple[int, ...] = WIDTHS) -> int | None:
@@ -82,7 +60,6 @@ class CompiledForward:
         self.model, self.widths = model, tuple(sorted(widths))
         self.cache_len = model.max_len  # the KV buffer's length the graphs were built for
         self._fn = torch.compile(lambda *args: _step(model, *args), dynamic=False, fullgraph=True)
-        self.compile_s = 0.0
         self.ready = False
 
     @property
@@ -104,9 +81,7 @@ class CompiledForward:
         # padding rows go to the buffer's last position: no row a graph computes reads it (fits())
         pos = torch.tensor(list(range(start, start + n)) + [self.cache_len - 1] * (width - n))
         padded = torch.tensor(ids + [ids[-1]] * (width - n), dtype=torch.long)
-        g = self.model.group
-        visible = (torch.arange(window).unsqueeze(0) <= pos.unsqueeze(1)).unsqueeze(0).expand(g, width, window) \
-            .reshape(1, g * width, window)
+        visible = self.model.visible(pos, window)
         torch._dynamo.mark_dynamic(visible, 2)
         return self._fn(padded, pos, visible, k_layers, v_layers)[:n]
 
@@ -124,14 +99,12 @@ class CompiledForward:
         """Compile every width (or load it from inductor's cache) on scratch KV buffers, each wider
         one checked at once against compiled one-token steps (a path that is not exact fails after
         two graphs, not five), and mark the graphs ready."""
-        inductor_cache_dir()
         m = self.model
         # Scratch buffers of the live ones' kind: an inference tensor and a normal one dispatch
         # differently, and a graph built for one kind would be built again (a minute) for the other.
         with torch.inference_mode(m.k_cache.is_inference()):
             scratch = (list(torch.zeros_like(m.k_cache).unbind(0)), list(torch.zeros_like(m.v_cache).unbind(0)))
         ids = [(i * 7919) % min(m.vocab_size - 20, 1000) + 10 for i in range(WINDOW_STEP + 2 * self.max_rows)]
-        started = time.perf_counter()
         # where the widest forward stays in one window, and where it spans two; the rows compared read
         # the same cache before `start`, whatever it holds
         starts = (WINDOW_STEP // 2, WINDOW_STEP - self.max_rows // 2)
@@ -153,5 +126,4 @@ class CompiledForward:
                         raise RuntimeError(f"compiled {n}-row forwards differ from compiled one-token steps "
                                            f"(by {diff:.3g} at position {start}): not exact")
             checked = width
-        self.compile_s = time.perf_counter() - started
         self.ready = True

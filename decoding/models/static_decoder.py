@@ -200,33 +200,54 @@ class StaticDecoder(nn.Module):
         last `keep` rows [keep, V]."""
         n = ids.shape[0]
         self.grow(start + n)
-        h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
         pos = torch.arange(start, start + n)
         groups = self.window_groups(start, n)
-        masks = [(torch.arange(w).unsqueeze(0) <= pos[a:b].unsqueeze(1)).unsqueeze(0).expand(g, b - a, w)
-                 .reshape(1, g * (b - a), w) for a, b, w in groups]
+        masks = [self.visible(pos[a:b], w) for a, b, w in groups]
         x = self.embed(ids).to(self.dtype)
         cos, sin = self.cos[start:start + n].unsqueeze(1), self.sin[start:start + n].unsqueeze(1)
-        scale = d ** -0.5
         for i, block in enumerate(self.blocks):
-            qkv = block.qkv(self._norm(x, block.norm1)).to(self.dtype)
-            q = self._rotate(qkv[:, :h * d].view(n, h, d), cos, sin)
-            k = self._rotate(qkv[:, h * d:(h + kvh) * d].view(n, kvh, d), cos, sin)
-            v = qkv[:, (h + kvh) * d:].view(n, kvh, d)
-            self.k_cache[i, :, start:start + n] = k.transpose(0, 1)
-            self.v_cache[i, :, start:start + n] = v.transpose(0, 1)
-            # Query rows grouped per key/value head as (group member, token): [kvh, g, n, d]
-            rows = (q * scale).view(n, kvh, g, d).permute(1, 2, 0, 3)
-            parts = []
-            for (a, b, w), visible in zip(groups, masks):
-                m = b - a
-                scores = _bmm(rows[:, :, a:b].reshape(kvh, g * m, d), self.k_cache[i, :, :w].transpose(1, 2))
-                probs = torch.softmax(scores.float().masked_fill(~visible, float("-inf")), dim=-1).to(self.dtype)
-                parts.append(_bmm(probs, self.v_cache[i, :, :w]).view(kvh, g, m, d))
-            attended = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-            x = x + block.o(attended.permute(2, 0, 1, 3).reshape(n, h * d)).to(self.dtype)
-            gate_up = block.gate_up(self._norm(x, block.norm2))
-            half = gate_up.shape[1] // 2
-            x = x + block.down((F.silu(gate_up[:, :half]) * gate_up[:, half:]).to(self.dtype)).to(self.dtype)
+            rows, k, v = self.attention_inputs(block, x, cos, sin)
+            self.k_cache[i, :, start:start + n] = k
+            self.v_cache[i, :, start:start + n] = v
+            parts = [self.attend(rows[:, :, a:b], self.k_cache[i, :, :w], self.v_cache[i, :, :w], visible)
+                     for (a, b, w), visible in zip(groups, masks)]
+            x = self.after_attention(block, x, parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
+        return self.logits(x[n - keep:])
+
+    def visible(self, pos: torch.Tensor, window: int) -> torch.Tensor:
+        """Which of a window's keys rows at positions `pos` see, per query head of a group: [1, g * n, window]."""
+        n = pos.shape[0]
+        return (torch.arange(window).unsqueeze(0) <= pos.unsqueeze(1)).unsqueeze(0).expand(self.group, n, window) \
+            .reshape(1, self.group * n, window)
+
+    # One layer in three parts, shared with the compiled forward (decoding/models/compiled_forward.py),
+    # which writes the cache and picks the window its own way.
+    def attention_inputs(self, block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Query rows grouped per key/value head as (group member, token), scaled: [kvh, g, n, d];
+        and the rows' keys and values as the cache holds them: [kvh, n, d]."""
+        n = x.shape[0]
+        h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
+        qkv = block.qkv(self._norm(x, block.norm1)).to(self.dtype)
+        q = self._rotate(qkv[:, :h * d].view(n, h, d), cos, sin)
+        k = self._rotate(qkv[:, h * d:(h + kvh) * d].view(n, kvh, d), cos, sin)
+        v = qkv[:, (h + kvh) * d:].view(n, kvh, d)
+        rows = (q * d ** -0.5).view(n, kvh, g, d).permute(1, 2, 0, 3)
+        return rows, k.transpose(0, 1), v.transpose(0, 1)
+
+    def attend(self, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor):
+        """rows [kvh, g, m, d] over one window's keys and values [kvh, w, d]: [kvh, g, m, d]."""
+        kvh, g, m, d = rows.shape
+        scores = _bmm(rows.reshape(kvh, g * m, d), keys.transpose(1, 2))
+        probs = torch.softmax(scores.float().masked_fill(~visible, float("-inf")), dim=-1).to(self.dtype)
+        return _bmm(probs, values).view(kvh, g, m, d)
+
+    def after_attention(self, block: Block, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        x = x + block.o(attended.permute(2, 0, 1, 3).reshape(n, self.heads * self.head_dim)).to(self.dtype)
+        gate_up = block.gate_up(self._norm(x, block.norm2))
+        half = gate_up.shape[1] // 2
+        return x + block.down((F.silu(gate_up[:, :half]) * gate_up[:, half:]).to(self.dtype)).to(self.dtype)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         # float logits from the int8 lm_head in both quantized formats (it returns its input's dtype)
-        return self.lm_head(self._norm(x[n - keep:], self.norm).float()).float()
+        return self.lm_head(self._norm(x, self.norm).float()).float()
