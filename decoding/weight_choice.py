@@ -21,7 +21,7 @@ from decoding.errors import DraftwiseError
 from decoding.models import paths, quality_gate
 from decoding.models.loading import device_key
 from decoding.models.specs import model_key
-from decoding.models.weights import FORMATS, kernel_problem
+from decoding.models.weights import FORMATS, implementation, kernel_problem
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ WORKLOADS = {"typing": {"prompt_tokens": 80, "new_tokens": 24, "share": 0.9},
              "cold": {"prompt_tokens": 1000, "new_tokens": 48, "share": 0.1}}
 REFERENCE = {"verify_tokens": 5, "tokens_per_forward": 2.5}
 # Timed formats in this order; the last one timed stays loaded, so the usual winner goes last.
-TIMING_ORDER = ("fp32", "bf16", "int4", "int8", "gguf")
+TIMING_ORDER = ("fp32", "bf16", "gguf", "int8", "int4")
 CACHE_FILE = "weight-timings.json"
 
 
@@ -106,8 +106,8 @@ class TimingCache:
 
     def get(self, key: str) -> dict[str, FormatTiming]:
         entry = self._read().get(key, {})
-        try:
-            return {f: FormatTiming(**t) for f, t in entry.items()}
+        try:  # kept per kernel (implementation): a format's new kernel is timed again
+            return {f: FormatTiming(**entry[implementation(f)]) for f in FORMATS if implementation(f) in entry}
         except TypeError:  # written by another version
             return {}
 
@@ -115,7 +115,7 @@ class TimingCache:
         data = self._read()
         # forget models whose directory is gone (tests, moved checkouts)
         data = {k: v for k, v in data.items() if not k.startswith("/") or Path(k.split(" | ")[0]).exists()}
-        data.setdefault(key, {})[fmt] = asdict(timing)
+        data.setdefault(key, {})[implementation(fmt)] = asdict(timing)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")

@@ -87,6 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--quality-cases", type=_positive, default=0, metavar="N",
                    help="score completion quality on N more cases per weight format (and llama.cpp Q4), "
                         "untimed (default: %(default)s; the timed cases are always scored)")
+    g.add_argument("--quality-reference", metavar="FILE",
+                   help="an earlier bench JSON with fp32 rows: run its cases (timed and quality) instead of "
+                        "sampling, and pair each format with its fp32 records for the quality gate, so fp32 (the "
+                        "slowest format) need not run again")
     g.add_argument("--cross-file", dest="crossfile", type=_positive, default=0, metavar="N",
                    help="also run N cross-file cases (the removed line uses a name defined in another file of its "
                         "package, the package is the workspace): quality with and without the repository context, "
@@ -208,6 +212,15 @@ def run(args) -> int:
     if args.list_cases:
         _print_cases(cases)
         return 0
+    quality_reference = None
+    if getattr(args, "quality_reference", None):
+        from decoding.bench.harness import read_quality_reference
+        try:
+            cases, quality_cases, quality_reference = read_quality_reference(
+                args.quality_reference, max_tokens=getattr(args, "max_tokens", None) or 48,
+                context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens))
+        except (OSError, ValueError) as exc:
+            raise DraftwiseError(f"--quality-reference: {exc}") from exc
 
     from tqdm import tqdm
 
@@ -249,7 +262,7 @@ def run(args) -> int:
     engine = next(iter(engines.values()))
     try:
         bench = Bench(engines, cases, settings, target_spec=args.target, reference=reference,
-                      quality_cases=quality_cases)
+                      quality_cases=quality_cases, quality_reference=quality_reference)
         planned = bench.plan_modes()
         with tqdm(total=bench.steps(len(planned)), desc="bench", unit="run", file=sys.stderr) as bar:
             def step(label: str) -> None:

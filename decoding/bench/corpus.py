@@ -350,6 +350,35 @@ def make_case(text: str, kind: str, language: str, rng: random.Random, source: P
     )
 
 
+def case_from_dict(d: dict, where: dict[str, Path] | None = None) -> Case:
+    """A case as an earlier run's JSON lists it (Case.to_dict), read again from its file: the
+    cursor is where the removed text starts on its line, with the prefix as long as the run's was.
+    where: shown path -> file, for JSONs that keep no machine path. Raises CorpusError when the file
+    is gone or no longer holds that text there."""
+    source = Path(d["source"]) if "source" in d else (where or {}).get(d["path"])
+    if source is None:
+        raise CorpusError(f"{d['id']}: no file {d['path']} in the corpus")
+    text = read_source(source)
+    if text is None:
+        raise CorpusError(f"{d['id']}: {source} cannot be read")
+    lines = text.split("\n")
+    if not 1 <= d["line"] <= len(lines):
+        raise CorpusError(f"{d['id']}: {source} has no line {d['line']}")
+    start = sum(len(line) + 1 for line in lines[:d["line"] - 1])
+    expected = d["expected"]
+    for cursor in range(start, start + len(lines[d["line"] - 1]) + 1):
+        if not text.startswith(expected, cursor):
+            continue
+        prefix = text[:cursor]
+        if len(prefix) > KEEP_PREFIX_CHARS:
+            prefix = prefix[prefix.find("\n", len(prefix) - KEEP_PREFIX_CHARS) + 1:]
+        if len(prefix) == d["prefix_chars"]:
+            end = cursor + len(expected)
+            return Case(id=d["id"], language=d["language"], kind=d["kind"], path=d["path"], source=str(source),
+                        line=d["line"], prefix=prefix, suffix=text[end:end + KEEP_SUFFIX_CHARS], expected=expected)
+    raise CorpusError(f"{d['id']}: {source} no longer holds the removed text at line {d['line']}")
+
+
 def sample_cases(limit: int, seed: int = 0, languages: Sequence[str] | None = None,
                  corpus: str | os.PathLike | None = None,
                  files: dict[str, list[tuple[Path, str]]] | None = None) -> list[Case]:

@@ -15,6 +15,7 @@ Fairness rules:
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import platform
@@ -22,8 +23,9 @@ import random
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable, Sequence
 
 from decoding.bench.corpus import Case
@@ -188,8 +190,11 @@ class Bench:
 
     def __init__(self, engine, cases: Sequence[Case], settings: BenchSettings,
                  progress: Callable[[str], None] | None = None, target_spec: str = "", reference=None,
-                 quality_cases: Sequence[Case] = ()):
+                 quality_cases: Sequence[Case] = (), quality_reference: dict[str, RunRecord] | None = None):
+        """quality_reference: fp32's scored records of these cases from an earlier run (case id ->
+        record; see read_quality_reference), used where fp32 does not run in this one."""
         self.engines = dict(engine) if isinstance(engine, dict) else {None: engine}
+        self.quality_reference = quality_reference or {}
         self.engine = next(iter(self.engines.values()))
         self.reference = reference or self.engines.get("fp32") or self.engine
         self.cases = list(cases)
@@ -397,6 +402,8 @@ class Bench:
 
     def _quality_records(self, fmt: str) -> dict:
         """case id -> its scored record under `fmt` (timed plain runs and quality runs)."""
+        if fmt == "fp32" and "fp32" not in self.engines and self.quality_reference:
+            return self.quality_reference
         timed = self.result.runs.get(f"none@{fmt}" if fmt != "llamacpp-plain" else fmt, {})
         return {**timed, **self.result.quality_runs.get(fmt, {})}
 
@@ -412,6 +419,9 @@ class Bench:
             records = list(timed.values()) + list(self.result.quality_runs.get(fmt, {}).values())
             if records:
                 table["llamacpp-q4" if fmt == "llamacpp-plain" else fmt] = quality_summary(r for r in records if r.ok)
+        if "fp32" not in table and self.quality_reference:
+            table = {"fp32": {**quality_summary(r for r in self._quality_records("fp32").values() if r.ok),
+                              "from": "an earlier run (--quality-reference)"}, **table}
         if not table:
             return None
         # The gate: a format stays out of `auto` only when the 95% interval of its paired difference
@@ -648,3 +658,31 @@ def build_report_data(bench: Bench, modes_order: Sequence[str], config: dict) ->
         "runs": {m: [r.to_dict() for r in res.runs[m].values()] for m in modes},
         "quality_runs": {f: [r.to_dict() for r in recs.values()] for f, recs in res.quality_runs.items()},
     }
+
+
+def read_quality_reference(path: str, **settings) -> tuple[list[Case], list[Case], dict[str, RunRecord]]:
+    """An earlier bench JSON's timed cases, quality cases and fp32's scored records of them (its timed
+    `none@fp32` runs and its fp32 quality runs): fp32 is the slowest format, and greedy decoding of the
+    same prompts gives the same text. settings (max_tokens=..., context_tokens=...) must be the earlier
+    run's. Raises ValueError when they differ, a case cannot be read again, or fp32 lacks a case."""
+    from decoding.bench.corpus import case_from_dict, default_roots, list_files
+
+    data = json.loads(Path(path).read_text())
+    config = data.get("config", {})
+    for key, value in settings.items():
+        if config.get(key) != value:
+            raise ValueError(f"{path} was run with {key} {config.get(key)}, this run with {value}")
+    listed = data.get("cases", []) + data.get("quality_cases", [])
+    where = {}
+    if any("source" not in d for d in listed):  # committed JSONs keep package paths, not machine paths
+        languages = sorted({d["language"] for d in listed})
+        where = {shown: source for files in list_files(default_roots(), languages).values() for source, shown in files}
+    cases = [case_from_dict(d, where) for d in data.get("cases", [])]
+    quality_cases = [case_from_dict(d, where) for d in data.get("quality_cases", [])]
+    rows = list(data.get("runs", {}).get("none@fp32", [])) + list(data.get("quality_runs", {}).get("fp32", []))
+    names = {f.name for f in fields(RunRecord)}
+    records = {r["case_id"]: RunRecord(**{k: v for k, v in r.items() if k in names}) for r in rows}
+    missing = [c.id for c in cases + quality_cases if c.id not in records]
+    if missing:
+        raise ValueError(f"{path} has no fp32 record of {len(missing)} of its cases (e.g. {missing[0]})")
+    return cases, quality_cases, {c.id: records[c.id] for c in cases + quality_cases}

@@ -59,7 +59,16 @@ class CompiledForward:
     def __init__(self, model: StaticDecoder, widths: tuple[int, ...] = WIDTHS) -> None:
         self.model, self.widths = model, tuple(sorted(widths))
         self.cache_len = model.max_len  # the KV buffer's length the graphs were built for
-        self._fn = torch.compile(lambda *args: _step(model, *args), dynamic=False, fullgraph=True)
+        # In a narrower dtype than fp32 (bf16: int4 on ATen's kernel), inductor keeps fused
+        # intermediates in fp32 and drops the casts between them; which casts it drops depends on
+        # how it fused each width, so a 2-row forward's logits differed from one-token steps by 0.7
+        # (the 0.5B). Rounding where the eager code rounds makes every width compute rows alike.
+        options = {"emulate_precision_casts": True} if model.dtype != torch.float32 else {}
+        # Dynamo keeps the graphs of every CompiledForward (one per width each) under one code
+        # object, up to recompile_limit entries (8): a second model in the process (the bench's
+        # formats, a server reloading for a new setting) would hit it and fall back to eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        self._fn = torch.compile(lambda *args: _step(model, *args), dynamic=False, fullgraph=True, options=options)
         self.ready = False
 
     @property

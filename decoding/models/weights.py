@@ -9,8 +9,10 @@ other kernels for other batch sizes). The quantized formats here do:
   `torch._int_mm` (oneDNN, VNNI where the CPU has it). Integer sums are exact in any order, so the
   result is bit-identical whatever the batch size. The embedding table is int8 rows too. The rest
   of the model computes in fp32.
-- int4: ATen's CPU weight-only kernel (`_weight_int4pack_mm_for_cpu`, bf16 activations), which
-  computes each row on its own.
+- int4: on the static forward, where the CPU has AVX-512 VNNI, 4-bit codes in groups of 32 times
+  activations quantized to int8 per row, summed in integers (decoding/models/q4_kernel.py: our own
+  kernel, each row computed alike whatever the batch); elsewhere ATen's CPU weight-only kernel
+  (`_weight_int4pack_mm_for_cpu`, bf16 activations), which computes each row on its own.
 - Attention is made row-exact for both (see `row_exact_attention`).
 
 Why not a library: torchao's x86 wheels ship no CPU kernels and its eager int8 paths run slower
@@ -154,7 +156,7 @@ class Int4Linear(nn.Module):
         y = torch._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size, self.scales_and_zeros)
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, int4 groups of {self.group_size}"
@@ -165,9 +167,24 @@ def _int4_fits(linear: nn.Linear) -> bool:
     return n % 8 == 0 and any(k % g == 0 for g in INT4_GROUP_SIZES)
 
 
+def implementation(fmt: str) -> str:
+    """`fmt` with the kernel that runs it here, as kept measurements (exactness, timings) are keyed:
+    another kernel is measured again."""
+    if fmt == "int4":
+        from decoding.models import q4_kernel
+
+        return "int4-q4" if q4_kernel.load() else "int4-aten"
+    return fmt
+
+
 def compute_dtype(fmt: str) -> torch.dtype:
-    """The dtype of activations and of the KV cache under `fmt`."""
-    return {"bf16": torch.bfloat16, "int4": torch.bfloat16, "fp16": torch.float16}.get(fmt, torch.float32)
+    """The dtype of activations and of the KV cache under `fmt`. int4: fp32 where its own kernel runs
+    (decoding/models/q4_kernel.py, which quantizes activations to int8 itself), else bf16 for ATen's."""
+    if fmt == "int4":
+        from decoding.models import q4_kernel
+
+        return torch.float32 if q4_kernel.load() else torch.bfloat16
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fmt, torch.float32)
 
 
 def load_dtype(fmt: str) -> torch.dtype:
@@ -279,7 +296,12 @@ def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None)
     if device.type != "cpu":
         return f"{fmt} weights use CPU kernels here; this device is {device.type}"
     try:
-        layer = (Int8Linear if fmt == "int8" else Int4Linear).from_linear(nn.Linear(128, 32))
+        if implementation(fmt) == "int4-q4":
+            from decoding.models.q4_kernel import Q4Linear
+
+            layer = Q4Linear(nn.Linear(128, 32).weight, None)
+        else:
+            layer = (Int8Linear if fmt == "int8" else Int4Linear).from_linear(nn.Linear(128, 32))
         layer(torch.randn(2, 128, dtype=compute_dtype(fmt)))
     except Exception as exc:  # noqa: BLE001 - a missing or broken kernel is one log line, not a crash
         return f"the {fmt} kernel does not run in torch {torch.__version__}: {type(exc).__name__}: {exc}".splitlines()[0]

@@ -70,11 +70,13 @@ def probe(runner, widths: range | None = None, limit: int | None = None) -> dict
 def _key(runner) -> str | None:
     from decoding.models.loading import device_key
     from decoding.models.specs import model_key
+    from decoding.models.weights import implementation
 
     loaded = runner.loaded
     if loaded.spec is None:
         return None
-    return (f"v{VERSION} | {model_key(loaded.spec)} | {loaded.weights} | {getattr(runner, 'path', 'eager')} | "
+    return (f"v{VERSION} | {model_key(loaded.spec)} | {implementation(loaded.weights)} | "
+            f"{getattr(runner, 'path', 'eager')} | "
             f"{device_key(loaded.device)}")
 
 

@@ -173,3 +173,42 @@ def test_bad_modes_are_rejected():
     with pytest.raises(DraftwiseError, match="unknown mode fast"):
         bench_cli.parse_modes("auto,fast")
     assert bench_cli.parse_modes("auto")[0] == "hf-plain"  # the reference is always measured
+
+
+def test_a_listed_case_is_read_again_from_its_file_as_it_was_made(repo):
+    """What --quality-reference runs: an earlier run's cases from its JSON (which keeps the package
+    path, not the file on disk), with the same prefix, removed text and suffix."""
+    from decoding.bench.corpus import case_from_dict
+
+    where = {shown: source for files in list_files([repo]).values() for source, shown in files}
+    for case in sample_cases(12, seed=5, corpus=repo):
+        listed = case.to_dict()
+        listed.pop("source")
+        assert case_from_dict(listed, where) == case
+    listed["expected"] = "text the file never held"
+    with pytest.raises(CorpusError, match="no longer holds"):
+        case_from_dict(listed, where)
+
+
+def test_quality_reference_pairs_a_new_run_with_an_earlier_runs_fp32_records(repo, tmp_path):
+    import json
+
+    from decoding.bench.harness import read_quality_reference
+
+    cases = sample_cases(3, seed=0, corpus=repo)
+    with_source = [c.to_dict() for c in cases]  # (a file the run kept the paths of)
+    fp32 = [{"mode": "auto@fp32", "case_id": c.id, "language": c.language, "text": "x", "first_line_exact": i == 0,
+             "similarity": 0.5, "decode_tok_s": 1.0} for i, c in enumerate(cases)]
+    earlier = {"config": {"max_tokens": 24, "context_tokens": 512}, "cases": with_source[:1],
+               "quality_cases": with_source[1:], "runs": {"none@fp32": fp32[:1]}, "quality_runs": {"fp32": fp32[1:]}}
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps(earlier))
+    timed, quality, records = read_quality_reference(str(path), max_tokens=24, context_tokens=512)
+    assert [c.id for c in timed + quality] == [c.id for c in cases] and timed[0] == cases[0]
+    assert [records[c.id].first_line_exact for c in cases] == [True, False, False]
+    with pytest.raises(ValueError, match="max_tokens 24, this run with 48"):
+        read_quality_reference(str(path), max_tokens=48, context_tokens=512)
+    earlier["quality_runs"]["fp32"] = fp32[1:2]
+    path.write_text(json.dumps(earlier))
+    with pytest.raises(ValueError, match="no fp32 record of 1"):
+        read_quality_reference(str(path), max_tokens=24, context_tokens=512)

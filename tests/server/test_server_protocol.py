@@ -11,6 +11,8 @@ import pytest_asyncio
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 
+from decoding.models.weights import compute_dtype
+
 from lsp_harness import (
     client_capabilities, custom_request, inline_params, insert_change, lsp_session, open_document,
     send_raw_request, stats, units,
@@ -96,9 +98,9 @@ async def test_stats_describe_the_loaded_model(vscode, tiny_model_dir):
     assert s["target"] == str(tiny_model_dir)
     assert (s["device"], s["drafter"], s["draft"]) == ("cpu", "auto", None)
     assert s["fimTemplate"] == "qwen2.5-coder"
-    # `auto` says what it chose and why; activations are bf16 only for bf16 and int4 weights
+    # `auto` says what it chose and why; activations are bf16 for bf16 (and int4 on ATen's kernel)
     assert s["weights"] in ("fp32", "bf16", "int8", "int4", "gguf") and s["weightsReason"]
-    assert s["dtype"] == ("bfloat16" if s["weights"] in ("bf16", "int4") else "float32")
+    assert s["dtype"] == str(compute_dtype(s["weights"])).removeprefix("torch.")
     assert set(s) >= {"last", "cumulative", "requests", "suggestions"}
     # which forward runs, and whether drafting is lossless on it (the exactness probe's verdict)
     assert s["forward"] in ("eager", "llama.cpp") and set(s["verify"]) == {"exact_width", "lossless"}

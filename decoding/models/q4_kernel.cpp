@@ -1,0 +1,144 @@
+// int4 weights x int8 activations for the static forward's linears (decoding/models/q4_kernel.py).
+//
+// Why a kernel of our own: ATen's int4 CPU kernel reads the 0.5B's int4 layers at ~10 GB/s for one
+// row (it unpacks to bf16 and multiplies in floats), slower than int8's `_int_mm` on twice the
+// bytes. Here activations are quantized to int8 per row (Int8Linear's rule) and multiplied with the
+// 4-bit codes by integer dot products (AVX-512 VNNI `vpdpbusd`: 64 multiply-adds an instruction),
+// as llama.cpp's Q4 x Q8 dot products do; decode then runs at the memory's speed.
+//
+// Exact at every width: each row is quantized on its own and computed by the same instructions in
+// the same order whatever the number of rows, so a verify forward's row equals a decode step.
+//
+// Layout (q4_kernel.py packs it): outputs in blocks of 16 (one 32-bit lane each), inputs in steps
+// of 8. For block b and step s, 64 bytes: lane j's 4 bytes hold the codes of output 16b+j at inputs
+// 8s..8s+3 (low nibbles) and 8s+4..8s+7 (high nibbles). Per block and group of `group` inputs: 16
+// fp16 scales and 16 fp16 lows; a weight is code * scale + low.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <immintrin.h>
+
+namespace {
+
+// Int8Linear's rule: one scale a row (its largest magnitude maps to 127), round half to even.
+void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t group, int8_t* xq, float* scales,
+                   int32_t* group_sums) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* r = x + m * k;
+    float amax = 0.f;
+    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(r[i]));
+    const float s = std::max(amax / 127.0f, 1e-12f);
+    scales[m] = s;
+    int8_t* q = xq + m * k;
+    for (int64_t i = 0; i < k; ++i) {
+      float v = std::nearbyint(r[i] / s);
+      q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+    }
+    for (int64_t g = 0; g < k / group; ++g) {
+      int32_t sum = 0;
+      for (int64_t i = 0; i < group; ++i) sum += q[g * group + i];
+      group_sums[m * (k / group) + g] = sum;
+    }
+  }
+}
+
+// One block of 16 outputs for R rows at once: each 64 bytes of codes is unpacked once for all R.
+// Every row's sums run in the same order whatever R is, so how rows are grouped changes nothing.
+template <int R>
+inline void block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo, const int8_t* const* xq,
+                       const int32_t* const* gsum, const float* xs, int64_t k, int64_t group, float* const* out) {
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  __m512 facc[R];
+  for (int r = 0; r < R; ++r) facc[r] = _mm512_setzero_ps();
+  const int64_t groups = k / group, steps = group / 8;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t i = g * group + s * 8;
+      const __m512i v = _mm512_loadu_si512(w + i * 8);  // 16 lanes x 8 codes
+      const __m512i low = _mm512_and_si512(v, mask);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      for (int r = 0; r < R; ++r) {
+        int32_t x0, x1;
+        std::memcpy(&x0, xq[r] + i, 4);
+        std::memcpy(&x1, xq[r] + i + 4, 4);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], low, _mm512_set1_epi32(x0));
+        acc[r] = _mm512_dpbusd_epi32(acc[r], high, _mm512_set1_epi32(x1));
+      }
+    }
+    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * 16)));
+    const __m512 lows = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + g * 16)));
+    for (int r = 0; r < R; ++r) {
+      facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, facc[r]);
+      facc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(gsum[r][g])), lows, facc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], _mm512_mul_ps(facc[r], _mm512_set1_ps(xs[r])));
+}
+
+}  // namespace
+
+// x [M, K] float32; packed [N/16, K/8, 64] uint8; scales, lows [N/16, K/group, 16] fp16 -> [M, N] float32
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                     const at::Tensor& lows, int64_t group) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "q4_linear: x must be [M, K] float32");
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 64, "q4_linear: packed");
+  const auto xc = x.contiguous();
+  const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0);
+  TORCH_CHECK(packed.size(1) * 8 == k && k % group == 0 && group % 8 == 0, "q4_linear: shapes");
+  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous() && lows.is_contiguous(), "q4_linear: layout");
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && lows.scalar_type() == at::kHalf &&
+              scales.numel() == blocks * (k / group) * 16 && lows.numel() == scales.numel(),
+              "q4_linear: scales and lows must be fp16 [N/16, K/group, 16]");
+  auto out = at::empty({m, blocks * 16}, xc.options());
+  auto xq = at::empty({m, k}, xc.options().dtype(at::kChar));
+  auto xs = at::empty({m}, xc.options());
+  auto gsum = at::empty({m, k / group}, xc.options().dtype(at::kInt));
+  quantize_rows(xc.data_ptr<float>(), m, k, group, xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
+                gsum.data_ptr<int32_t>());
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::Half* sc = scales.data_ptr<at::Half>();
+  const at::Half* lo = lows.data_ptr<at::Half>();
+  const int8_t* q = xq.data_ptr<int8_t>();
+  const float* s = xs.data_ptr<float>();
+  const int32_t* gs = gsum.data_ptr<int32_t>();
+  float* o = out.data_ptr<float>();
+  const int64_t n = blocks * 16, groups = k / group;
+  // blocks split among threads; a block's weights stay in cache while every row reads them
+  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const uint8_t* wb = w + b * k * 8;
+      const at::Half *scb = sc + b * groups * 16, *lob = lo + b * groups * 16;
+      for (int64_t r = 0; r < m;) {
+        const int8_t* xr[4];
+        const int32_t* gr[4];
+        float* orow[4];
+        const int take = static_cast<int>(std::min<int64_t>(4, m - r));
+        for (int j = 0; j < take; ++j) {
+          xr[j] = q + (r + j) * k;
+          gr[j] = gs + (r + j) * groups;
+          orow[j] = o + (r + j) * n + b * 16;
+        }
+        switch (take) {
+          case 4: block_rows<4>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
+          case 3: block_rows<3>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
+          case 2: block_rows<2>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
+          default: block_rows<1>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
+        }
+        r += take;
+      }
+    }
+  });
+  return out;
+}
+
+TORCH_LIBRARY(draftwise, lib) {
+  lib.def("q4_linear(Tensor x, Tensor packed, Tensor scales, Tensor lows, int group) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(draftwise, CPU, lib) {
+  lib.impl("q4_linear", &q4_linear);
+}

@@ -1,0 +1,100 @@
+"""The int4 kernel (decoding/models/q4_kernel.py): its rows are exact at every width, its
+results are the packed weights' products, and it runs inside torch.compile's graphs.
+Skipped where the CPU lacks AVX-512 VNNI or no C++ compiler builds it (int4 then runs on ATen's
+kernel, which tests/engine/test_weights.py covers)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from decoding.models import q4_kernel
+
+pytestmark = pytest.mark.skipif(not q4_kernel.load(), reason=f"int4 kernel: {q4_kernel.problem()}")
+
+
+def _layer(out_features: int = 96, in_features: int = 256, seed: int = 0) -> tuple[nn.Linear, q4_kernel.Q4Linear]:
+    torch.manual_seed(seed)
+    dense = nn.Linear(in_features, out_features)
+    return dense, q4_kernel.Q4Linear(dense.weight, dense.bias)
+
+
+def test_packing_finds_a_grid_the_weights_already_lie_on_and_beats_min_max_elsewhere():
+    """A Q4_K file's weights (the presets') lie on a grid of 16 levels per group that need not span
+    0..15: packing finds it (the usual min..max grid would not); on other weights it errs less than
+    min..max in 15 steps."""
+    torch.manual_seed(0)
+    scale = torch.rand(64, 8, 1) * 0.01 + 0.001
+    codes = torch.randint(2, 14, (64, 8, 32)).float()  # 12 of the 16 levels used
+    codes[..., 0], codes[..., 1] = 2, 13  # (each group spans them)
+    on_grid = (codes * scale - 0.05).reshape(64, 256).half().float()
+    packed, scales, lows = q4_kernel.pack(on_grid)
+    assert (q4_kernel.unpack(packed, scales, lows) - on_grid).abs().max() < 2e-4
+
+    dense = nn.Linear(256, 96).weight.detach()
+    got = q4_kernel.unpack(*q4_kernel.pack(dense))
+    groups = dense.reshape(96, 8, 32)
+    low = groups.amin(-1, keepdim=True)
+    step = (groups.amax(-1, keepdim=True) - low) / 15
+    min_max = (torch.round((groups - low) / step) * step + low).reshape(96, 256)
+    assert (got - dense).pow(2).sum() < (min_max - dense).pow(2).sum()
+
+
+def test_each_row_is_computed_alike_at_every_width():
+    """A verify forward of n rows gives each row bit for bit a one-row forward's result, however
+    the kernel groups rows (it unpacks weights once for up to 4)."""
+    _, q = _layer(out_features=160, in_features=320, seed=1)
+    x = torch.randn(17, 320) * torch.linspace(0.1, 10, 17)[:, None]  # rows of very different scales
+    with torch.inference_mode():
+        ones = torch.cat([q(x[i:i + 1]) for i in range(17)])
+        for n in range(2, 18):
+            assert torch.equal(q(x[:n]), ones[:n]), f"{n} rows"
+        assert torch.equal(q(x[5:12]), ones[5:12])
+
+
+def test_results_are_the_packed_weights_times_int8_rows():
+    """The kernel's sum is what the format defines: codes * scale + low, times each row quantized
+    to int8 with its own scale (up to float rounding in the sums)."""
+    dense, q = _layer()
+    x = torch.randn(5, 256)
+    weight = q4_kernel.unpack(q.packed, q.scales, q.lows)
+    scale = (x.abs().amax(dim=1, keepdim=True) / 127.0)
+    rows = torch.round(x / scale).clamp(-127, 127) * scale
+    want = rows.double() @ weight.double().T + dense.bias.detach().double()
+    got = q(x).double()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-4)
+    # and close to the float layer it was made from
+    assert ((got - dense(x).double()).norm() / dense(x).double().norm()).item() < 0.1
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None, reason="torch.compile needs a C++ compiler")
+def test_the_kernel_runs_inside_a_compiled_graph_with_the_same_results():
+    _, q = _layer()
+    x = torch.randn(3, 256)
+    with torch.inference_mode():
+        compiled = torch.compile(lambda t: torch.relu(q(t)) * 2, dynamic=False, fullgraph=True)
+        assert torch.equal(compiled(x), torch.relu(q(x)) * 2)
+
+
+def test_layers_that_do_not_fit_the_layout_are_refused():
+    assert q4_kernel.fits(32, 64) and not q4_kernel.fits(40, 64) and not q4_kernel.fits(32, 48)
+
+
+def test_packed_weights_are_kept_on_disk_by_their_content(tmp_path, monkeypatch):
+    """Fitting the grids takes seconds per layer on a laptop CPU: a second load reads them back, and
+    other weights are packed anew, never served another matrix's codes."""
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
+    dense, _ = _layer()
+    first = q4_kernel.cached_pack(dense.weight)
+    kept = list((tmp_path / "packed").iterdir())
+    assert len(kept) == 1
+    monkeypatch.setattr(q4_kernel, "pack", lambda *a, **k: pytest.fail("packed again instead of read back"))
+    again = q4_kernel.cached_pack(dense.weight)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    monkeypatch.undo()
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
+    other = nn.Linear(256, 96).weight
+    assert not torch.equal(q4_kernel.cached_pack(other)[0], first[0])
+    assert len(list((tmp_path / "packed").iterdir())) == 2
