@@ -107,7 +107,8 @@ class TimingCache:
     def get(self, key: str) -> dict[str, FormatTiming]:
         entry = self._read().get(key, {})
         try:  # kept per kernel (implementation): a format's new kernel is timed again
-            return {f: FormatTiming(**entry[implementation(f)]) for f in FORMATS if implementation(f) in entry}
+            return {f: FormatTiming(**t) for k, t in entry.items()
+                    if (f := k.split("-", 1)[0]) in FORMATS and implementation(f) == k}
         except TypeError:  # written by another version
             return {}
 

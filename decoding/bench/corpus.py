@@ -338,16 +338,19 @@ def make_case(text: str, kind: str, language: str, rng: random.Random, source: P
     expected = text[cursor:end]
     if not expected.strip():
         return None
-    prefix = text[:cursor]
-    if len(prefix) > KEEP_PREFIX_CHARS:
-        cut = prefix.find("\n", len(prefix) - KEEP_PREFIX_CHARS) + 1
-        prefix = prefix[cut:]
-    suffix = text[end:end + KEEP_SUFFIX_CHARS]
     return Case(
         id=f"{language}:{shown_path}:{pos.line + 1}:{kind}", language=language, kind=kind,
-        path=shown_path, source=str(source), line=pos.line + 1, prefix=prefix, suffix=suffix,
-        expected=expected,
+        path=shown_path, source=str(source), line=pos.line + 1, prefix=_kept_prefix(text, cursor),
+        suffix=text[end:end + KEEP_SUFFIX_CHARS], expected=expected,
     )
+
+
+def _kept_prefix(text: str, cursor: int) -> str:
+    """The text before the cursor a case keeps: at most KEEP_PREFIX_CHARS, cut at a line start."""
+    prefix = text[:cursor]
+    if len(prefix) > KEEP_PREFIX_CHARS:
+        prefix = prefix[prefix.find("\n", len(prefix) - KEEP_PREFIX_CHARS) + 1:]
+    return prefix
 
 
 def case_from_dict(d: dict, where: dict[str, Path] | None = None) -> Case:
@@ -369,9 +372,7 @@ def case_from_dict(d: dict, where: dict[str, Path] | None = None) -> Case:
     for cursor in range(start, start + len(lines[d["line"] - 1]) + 1):
         if not text.startswith(expected, cursor):
             continue
-        prefix = text[:cursor]
-        if len(prefix) > KEEP_PREFIX_CHARS:
-            prefix = prefix[prefix.find("\n", len(prefix) - KEEP_PREFIX_CHARS) + 1:]
+        prefix = _kept_prefix(text, cursor)
         if len(prefix) == d["prefix_chars"]:
             end = cursor + len(expected)
             return Case(id=d["id"], language=d["language"], kind=d["kind"], path=d["path"], source=str(source),

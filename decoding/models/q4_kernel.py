@@ -58,11 +58,8 @@ def problem() -> str | None:
     except Exception as exc:  # noqa: BLE001 - a failed build costs this kernel, not the load
         log.warning("int4 kernel not built (%s: %s): int4 runs on ATen's kernel", type(exc).__name__, exc)
         return f"build failed: {type(exc).__name__}"
+    _register_fake()
     return None
-
-
-def available() -> bool:
-    return problem() is None
 
 
 def _register_fake() -> None:
@@ -199,10 +196,5 @@ class Q4Linear(nn.Module):
 
 
 def load() -> bool:
-    """Build or load the kernel; True when Q4Linear can run."""
-    if not available():
-        return False
-    if not getattr(load, "_faked", False):
-        _register_fake()
-        load._faked = True
-    return True
+    """Build or load the kernel (once a process); True when Q4Linear can run."""
+    return problem() is None
