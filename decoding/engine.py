@@ -4,8 +4,11 @@ What a request does is decided in decoding/request_plan.py, what is loaded in de
 this class ties them to a thread, a per-document job registry and the stats."""
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import logging
+import statistics
 import threading
 import time
 
@@ -43,7 +46,11 @@ class Engine:
         self._requests = 0
         # Idle work (prepare, and submit(idle=True)): counted apart from the requests users wait for.
         # joined: idle jobs a request then waited for instead of starting over.
-        self._idle = {"prepared_tokens": 0, "read_aheads": 0, "prefetches": 0, "cancelled": 0, "joined": 0}
+        self._idle = {"prepared_tokens": 0, "read_aheads": 0, "prefetches": 0, "cancelled": 0, "joined": 0,
+                      "prefetch_read_tokens": 0}
+        # Prompt tokens each request read (not found in the KV cache): what a keystroke costs before its
+        # first new token; the last ones, for a median.
+        self._read_per_request: collections.deque[int] = collections.deque(maxlen=4096)
         self._running: Job | None = None  # the job on the worker thread now
 
     # ---- loading ------------------------------------------------------------------------------
@@ -173,8 +180,13 @@ class Engine:
 
     def _on_worker(self, job: Job, run):
         self._running = job
+        runner = self.models.target_runner if self.models is not None else None
+        # a graph build in the background waits while a request a user waits for runs
+        serving = runner.serving() if runner is not None and not job.idle and hasattr(runner, "serving") \
+            else contextlib.nullcontext()
         try:
-            return run(job)
+            with serving:
+                return run(job)
         finally:
             self._running = None
 
@@ -217,11 +229,15 @@ class Engine:
         s = result.stats
         with self._lock:
             job.recorded, idle = s, job.idle
+            read = max(0, s.prompt_tokens - s.reused_prompt_tokens)
             if idle:
                 self._idle["prefetches"] += 1
                 self._idle["cancelled"] += s.stopped == "cancelled"
+                self._idle["prefetch_read_tokens"] += read
             else:
                 self._count_request(s)
+                if s.prompt_tokens:  # a request cancelled while queued read nothing and counts for nothing
+                    self._read_per_request.append(read)
         # Where a request's time went, one line each (cancelled ones only in debug logs: one a keystroke).
         log.log(logging.DEBUG if idle or s.stopped == "cancelled" else logging.INFO,
                 "%s: prompt %d tokens (%d reused), prefill %.0f ms, first token %.0f ms, %d tokens in %.0f ms, "
@@ -266,12 +282,15 @@ class Engine:
     def stats(self) -> dict:
         with self._lock:
             cumulative, last, n, idle = self._cumulative.copy(), self._last, self._requests, dict(self._idle)
+            reads = list(self._read_per_request)
         job = self._running
         # what the worker computes now: a client (or a test) can wait on it instead of guessing times
         running = None if job is None else {"document": job.request.document, "idle": job.idle,
                                             "prompt_only": job.prompt_only, "chars": len(job.text_so_far)}
+        prompt_read = {"requests": len(reads), "median": statistics.median(reads) if reads else None,
+                       "mean": round(statistics.fmean(reads), 1) if reads else None}
         return {"requests": n, "cumulative": cumulative.to_dict(), "last": last.to_dict() if last else None,
-                "idle": idle, "running": running}
+                "idle": idle, "running": running, "prompt_read": prompt_read}
 
     def close(self) -> None:
         self.jobs.cancel_all()

@@ -200,11 +200,14 @@ def load_weights(spec_text: str, requested: str, device: str, dtype: str, trust_
     """Load a model in the requested weight format, `auto` included. Returns (LoadedModel, WeightsChoice)."""
     from decoding.api import WEIGHT_FORMATS
     from decoding.errors import ModelSpecError
-    from decoding.models.loading import load_model, resolve_device
+    from decoding.models.loading import load_model, model_source, resolve_device
     from decoding.models.specs import parse_model_spec
 
     if requested not in WEIGHT_FORMATS:
         raise ModelSpecError(f"unknown weights '{requested}': use one of {', '.join(WEIGHT_FORMATS)}")
+    spec = parse_model_spec(spec_text)
+    if spec.kind == "preset" and requested != "gguf":
+        model_source(spec)  # a preset not pulled yet says so now, not after a kernel is built to time formats
 
     def load(fmt: str):
         extra = {"context_tokens": context_tokens} if context_tokens else {}
@@ -218,4 +221,4 @@ def load_weights(spec_text: str, requested: str, device: str, dtype: str, trust_
             raise ModelSpecError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
         return load(fmt), WeightsChoice(fmt, f"{fmt}, from --dtype {dtype}")
     dev, _ = resolve_device(device, dtype)
-    return choose_and_load(parse_model_spec(spec_text), dev, role, load)
+    return choose_and_load(spec, dev, role, load)

@@ -192,6 +192,8 @@ class EngineHost:
             "requests": engine_stats.get("requests", 0),
             # idle work: prompt tokens read ahead, read-aheads and prefetches run, how many were cancelled
             "idle": engine_stats.get("idle", {}),
+            # prompt tokens each request read, not found in the KV cache (median and mean of the last ones)
+            "promptRead": engine_stats.get("prompt_read"),
             # the job computing now (document, idle or not, characters written so far), or None
             "running": engine_stats.get("running"),
             "remote": remote,

@@ -104,6 +104,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: %(default)s)")
     g.add_argument("--serve-rss", action="store_true",
                    help="also start `draftwise serve` once per format and measure its resident memory")
+    g.add_argument("--serve-start", action="store_true",
+                   help="also start `draftwise serve` with --compile off and on (the first weights format; its "
+                        "graphs from the on-disk cache, as on a second start) and time each to its first "
+                        "suggestion; measured first, on a quiet machine; with --limit 0 and no --cross-file, alone")
     g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
     g.add_argument("--json", dest="json_path", metavar="FILE", help="write every number measured to FILE")
     g.add_argument("--plot", metavar="FILE", help="write a PNG of speedup per mode and language to FILE")
@@ -183,8 +187,8 @@ def load_engines(config, formats: list[str], say, compiles: tuple[str, ...] = ("
 def run(args) -> int:
     from decoding.api import EngineConfig
 
-    if args.limit < 1 and not getattr(args, "crossfile", 0):
-        raise DraftwiseError("--limit must be at least 1 (or 0 with --cross-file N)")
+    if args.limit < 1 and not getattr(args, "crossfile", 0) and not getattr(args, "serve_start", False):
+        raise DraftwiseError("--limit must be at least 1 (or 0 with --cross-file N or --serve-start)")
     if args.repeats < 1:
         raise DraftwiseError("--repeats must be at least 1")
     for flag in ("plot", "json_path"):
@@ -198,6 +202,9 @@ def run(args) -> int:
             raise DraftwiseError("--plot needs matplotlib (pip install 'draftwise[bench]')") from exc
     modes = parse_modes(args.modes)
     formats = parse_formats(getattr(args, "weights_arg", None))
+    serve_start = _serve_start(args, formats[0]) if args.serve_start else None
+    if args.limit == 0 and not args.crossfile and serve_start is not None:
+        return _serve_start_only(args, serve_start)
     if args.limit == 0:
         return _crossfile_only(args, formats[0])
     try:
@@ -291,7 +298,7 @@ def run(args) -> int:
         # the format `auto` chose passed the exactness probe at every verify width: drafting cannot change its text
         "auto_exact": next(iter(engines.values())).models.target_runner.verify_exact if "auto" in formats else None,
         "auto_weights_reason": auto_reason or None, "weights_choice": info.get("weights_choice"),
-        "draft_weights": info.get("draft_weights"), "serve_rss_mib": serve_rss,
+        "draft_weights": info.get("draft_weights"), "serve_rss_mib": serve_rss, "serve_start": serve_start,
         # every compiled engine's compile state (seconds to build or load its graphs), and why a row is missing
         "compile": {key: e.info()["compile"] for key, e in engines.items() if key.endswith("+compile")} or None,
         "compile_missing": compile_notes or None,
@@ -319,7 +326,7 @@ def run(args) -> int:
 def _crossfile(args, engine) -> dict:
     from tqdm import tqdm
 
-    from decoding.bench.crossfile import crossfile_cases, run_crossfile
+    from decoding.bench.crossfile import crossfile_cases, run_crossfile, run_plan
 
     contexts = [c.strip() for c in args.repo_context.split(",") if c.strip()]
     if not contexts or set(contexts) - {"off", "on"}:
@@ -331,21 +338,43 @@ def _crossfile(args, engine) -> dict:
         raise DraftwiseError(str(exc)) from exc
     if not cases:
         raise DraftwiseError("no cross-file cases found: no package with a line that uses another file's name")
-    with tqdm(total=len(cases) * (2 * ("off" in contexts) + 3 * ("on" in contexts)), desc="cross-file", unit="run", file=sys.stderr) as bar:
+    lookup = not args.modes or "lookup" in parse_modes(args.modes)  # --modes none: the plain rows alone
+    rows = len(run_plan("", contexts, lookup))
+    with tqdm(total=len(cases) * rows, desc="cross-file", unit="run", file=sys.stderr) as bar:
         def step(label: str) -> None:
             bar.set_postfix_str(label, refresh=False)
             bar.update(1)
 
-        result = run_crossfile(engine, cases, indexes, getattr(args, "max_tokens", None) or 48, step, contexts)
+        result = run_crossfile(engine, cases, indexes, getattr(args, "max_tokens", None) or 48, step, contexts, lookup)
     for index in indexes.values():
         index.close()
     return result
 
 
+def _serve_start(args, weights: str) -> dict:
+    from decoding.bench.serve_memory import serve_start
+
+    print("timing draftwise serve starts: --compile off, then on", file=sys.stderr)
+    return serve_start(args.target, weights)
+
+
+def _serve_start_only(args, measured: dict) -> int:
+    for mode, row in measured.items():
+        print(f"--compile {mode}: " + (row if isinstance(row, str) else ", ".join(f"{k} {v}" for k, v in row.items())))
+    if isinstance(measured.get("off"), dict) and isinstance(measured.get("on"), dict):
+        print(f"a compiled start's first suggestion: {measured['on']['first_suggestion_s'] - measured['off']['first_suggestion_s']:+.2f} s "
+              "against an eager start")
+    if args.json_path:
+        from decoding.bench import report
+
+        report.write_json({"config": {"target": args.target,
+                                      "command": "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:])},
+                           "serve_start": measured}, args.json_path)
+    return 0
+
+
 def _crossfile_only(args, weights: str) -> int:
     """`--limit 0 --cross-file N`: the cross-file cases alone, on one engine."""
-    import json
-
     from decoding.api import EngineConfig
     from decoding.bench import report
     from decoding.engine import Engine
@@ -365,5 +394,5 @@ def _crossfile_only(args, weights: str) -> int:
         engine.close()
     print(report.crossfile_markdown(data["crossfile"]))
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(data, indent=1))
+        report.write_json(data, args.json_path)  # without the cases' files on this machine
     return 0

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 from decoding.bench.corpus import (KEEP_PREFIX_CHARS, KEEP_SUFFIX_CHARS, MIN_PREFIX_CHARS, Case, default_roots,
                                    language_of, list_files, read_source)
-from decoding.bench.metrics import RunRecord
+from decoding.bench.metrics import RunRecord, paired_difference
 from decoding.repository.files import FileLimits
 from decoding.repository.index import WorkspaceIndex, family
 from decoding.repository.selection import select
@@ -152,27 +152,29 @@ def _record(result, mode: str, case: Case, total_ms: float) -> RunRecord:
                      drafted_by=dict(s.drafted_by), stopped=s.stopped).score(case.expected)
 
 
-def run_plan(fmt: str, contexts: Sequence[str]) -> list[tuple[str, str, bool, bool]]:
+def run_plan(fmt: str, contexts: Sequence[str], lookup: bool = True) -> list[tuple[str, str, bool, bool]]:
     """(row, drafter, with the repository context, with the repository index) for each run of a case.
     Rows are MODE@FORMAT, MODE@FORMAT+context (lookup with the index, as the server runs it) and,
-    to tell the index's share apart, lookup@FORMAT+context-index."""
+    to tell the index's share apart, lookup@FORMAT+context-index. lookup=False: the plain rows only
+    (quality alone: the lookup rows write the same text)."""
     plan = []
     if "off" in contexts:
-        plan += [(f"none@{fmt}", "none", False, False), (f"lookup@{fmt}", "lookup", False, False)]
+        plan += [(f"none@{fmt}", "none", False, False)] + [(f"lookup@{fmt}", "lookup", False, False)] * lookup
     if "on" in contexts:
-        plan += [(f"none@{fmt}+context", "none", True, False), (f"lookup@{fmt}+context", "lookup", True, True),
-                 (f"lookup@{fmt}+context-index", "lookup", True, False)]
+        plan += [(f"none@{fmt}+context", "none", True, False)]
+        if lookup:
+            plan += [(f"lookup@{fmt}+context", "lookup", True, True), (f"lookup@{fmt}+context-index", "lookup", True, False)]
     return plan
 
 
 def run_crossfile(engine, cases: Sequence[CrossFileCase], indexes: dict[Path, WorkspaceIndex],
                   max_tokens: int = 48, progress: Callable[[str], None] = lambda _: None,
-                  contexts: Sequence[str] = ("off", "on")) -> dict:
+                  contexts: Sequence[str] = ("off", "on"), lookup: bool = True) -> dict:
     """Each case once per row of run_plan, each from a cold cache (greedy: the lookup rows write the
     text of their plain row; they differ in time, acceptance and tokens per forward)."""
     from decoding.api import CompletionRequest
 
-    plan = run_plan(engine.info()["weights"], contexts)
+    plan = run_plan(engine.info()["weights"], contexts, lookup)
     runs: dict[str, dict[str, RunRecord]] = {row: {} for row, *_ in plan}
     shown = {}
     for x in cases:
@@ -228,7 +230,9 @@ def summarize_crossfile(runs: dict[str, dict[str, RunRecord]]) -> dict:
                          "repo_right_plain_wrong": sum(bool(repo[k].first_line_exact) and not plain[k].first_line_exact
                                                        for k in both),
                          "plain_right_repo_wrong": sum(bool(plain[k].first_line_exact) and not repo[k].first_line_exact
-                                                       for k in both)}
+                                                       for k in both),
+                         # the context's gain in first-line exact, points, with a 95% interval and McNemar's p
+                         "difference": paired_difference({k: repo[k] for k in both}, {k: plain[k] for k in both})}
     def plain_of(row: str) -> str:  # lookup@int8+context-index -> none@int8+context
         return "none@" + row.split("@", 1)[1].removesuffix("-index")
 

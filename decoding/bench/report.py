@@ -154,9 +154,12 @@ def crossfile_markdown(crossfile: Mapping) -> str:
                          f"{_pct(s['acceptance'])} | {_fmt(s['tokens_per_forward'])} | {s['repo_drafted']} |")
     if "paired" in summary:
         p = summary["paired"]
+        diff = p.get("difference")
+        gain = (f" (first line exact {diff['difference_points']:+.1f} points, 95% interval "
+                f"[{diff['ci95'][0]}, {diff['ci95'][1]}], McNemar p {diff['mcnemar_p']})") if diff else ""
         lines += ["", f"Paired over {p['cases']} cases: the repository context made {p['repo_right_plain_wrong']} "
-                      f"first lines right and {p['plain_right_repo_wrong']} wrong. Every lookup row wrote its plain row's "
-                      f"text: {summary['lookup_identical_text']}."]
+                      f"first lines right and {p['plain_right_repo_wrong']} wrong{gain}. Every lookup row wrote its plain "
+                      f"row's text: {summary['lookup_identical_text']}."]
     return "\n".join(lines) + "\n"
 
 

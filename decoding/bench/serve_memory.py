@@ -1,7 +1,8 @@
-"""Resident memory of a real `draftwise serve` per weight format: what a user's machine gives up.
+"""A real `draftwise serve` as a user starts it: its resident memory per weight format (what a
+user's machine gives up), and how long a start takes to its first suggestion per `--compile` setting.
 
-Each format gets its own server process (one model per process, as users run it), which loads,
-answers one inline completion, and is measured with psutil before it shuts down.
+Each measurement gets its own server process (one model per process, as users run it), which loads,
+answers one inline completion, and is measured before it shuts down.
 """
 from __future__ import annotations
 
@@ -68,42 +69,78 @@ class _StdioClient:
             self.process.wait()
 
 
-def _measure(target: str, weights: str, extra: list[str], timeout_s: float) -> float:
-    import psutil
-
+def _started(target: str, weights: str, extra: list[str], timeout_s: float) -> tuple[_StdioClient, float]:
+    """A `draftwise serve` process, initialized and loaded; and when it was spawned (time.monotonic())."""
     exe = shutil.which("draftwise") or str(Path(sys.executable).with_name("draftwise"))
+    spawned = time.monotonic()
     client = _StdioClient([exe, "serve", "--target", target, "--weights", weights, *extra])
     try:
         client.request("initialize", {"processId": None, "rootUri": None, "capabilities": {}})
         client.notify("initialized")
-        deadline = time.monotonic() + timeout_s
+        deadline = spawned + timeout_s
         while True:
             stats = client.request("draftwise/stats") or {}
             state = stats.get("state")
             if state == "ready":
-                break
+                return client, spawned
             if state == "failed" or time.monotonic() > deadline:
-                raise RuntimeError(f"draftwise serve --weights {weights} did not load ({state})")
-            time.sleep(0.5)
-        uri = "file:///bench/memory.py"
-        client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
-                                                                "text": SAMPLE}})
-        lines = SAMPLE.split("\n")
-        client.request("textDocument/inlineCompletion", {
-            "textDocument": {"uri": uri}, "position": {"line": len(lines) - 1, "character": len(lines[-1])},
-            "context": {"triggerKind": 2}})  # Automatic
+                raise RuntimeError(f"draftwise serve --weights {weights} {' '.join(extra)} did not load ({state})")
+            time.sleep(0.1)
+    except BaseException:
+        client.close()
+        raise
+
+
+def _first_suggestion(client: _StdioClient) -> None:
+    uri = "file:///bench/memory.py"
+    client.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python", "version": 1,
+                                                            "text": SAMPLE}})
+    lines = SAMPLE.split("\n")
+    client.request("textDocument/inlineCompletion", {
+        "textDocument": {"uri": uri}, "position": {"line": len(lines) - 1, "character": len(lines[-1])},
+        "context": {"triggerKind": 2}})  # Automatic
+
+
+def _measure(target: str, weights: str, extra: list[str], timeout_s: float) -> float:
+    import psutil
+
+    client, _ = _started(target, weights, extra, timeout_s)
+    try:
+        _first_suggestion(client)
         return psutil.Process(client.process.pid).memory_info().rss / 2**20
     finally:
         client.close()
 
 
-def serve_rss_mib(target: str, formats: list[str], extra: list[str] | None = None,
-                  timeout_s: float = 900) -> dict[str, float | str]:
-    """format -> RSS in MiB after one completion (or why it could not be measured)."""
-    out: dict[str, float | str] = {}
-    for fmt in formats:
+def serve_start(target: str, weights: str, compile_modes: tuple[str, ...] = ("off", "on"),
+                timeout_s: float = 900, live_within_s: float = 300) -> dict[str, dict | str]:
+    """Per `--compile` setting, a fresh `draftwise serve`: seconds from spawning it to its first inline
+    suggestion (asked the moment it is ready, as an editor does on opening a file), the forward that
+    answered it, and for a compiled start how long after spawning its graphs were ready (built, or
+    loaded from the on-disk caches a start before left: a second start; `live_s`)."""
+    out: dict[str, dict | str] = {}
+    for mode in compile_modes:
         try:
-            out[fmt] = round(_measure(target, fmt, list(extra or []), timeout_s), 1)
-        except Exception as exc:  # noqa: BLE001 - one format failing must not lose the bench
-            out[fmt] = f"not measured: {type(exc).__name__}: {exc}".splitlines()[0]
+            client, spawned = _started(target, weights, ["--compile", mode], timeout_s)
+            try:
+                ready_s = time.monotonic() - spawned
+                _first_suggestion(client)
+                first_s = time.monotonic() - spawned
+                stats = client.request("draftwise/stats") or {}
+                row = {"ready_s": round(ready_s, 2), "first_suggestion_s": round(first_s, 2),
+                       "answered_on": stats.get("forward"), "compile_state": (stats.get("compile") or {}).get("state")}
+                deadline = time.monotonic() + live_within_s
+                while mode != "off" and time.monotonic() < deadline:
+                    compile_ = (client.request("draftwise/stats") or {}).get("compile") or {}
+                    # built: live from the next request on (graphs never switch in the middle of one)
+                    if compile_.get("state") in ("live", "built", "off") or str(compile_.get("state", "")).startswith("failed"):
+                        row.update(live_s=round(time.monotonic() - spawned, 2), compile_state=compile_.get("state"),
+                                   compile_seconds=compile_.get("seconds"))
+                        break
+                    time.sleep(0.25)
+                out[mode] = row
+            finally:
+                client.close()
+        except Exception as exc:  # noqa: BLE001 - one setting failing must not lose the bench
+            out[mode] = f"not measured: {type(exc).__name__}: {exc}".splitlines()[0]
     return out

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import torch
 from decoding.models.static_decoder import WINDOW_STEP, StaticDecoder
@@ -104,11 +105,17 @@ class CompiledForward:
         return logits[len(ids) - keep:]
 
     @torch.inference_mode()
-    def build(self) -> None:
+    def build(self, pause: Callable[[], None] = lambda: None) -> None:
         """Compile every width (or load it from inductor's cache) on scratch KV buffers, each wider
         one checked at once against compiled one-token steps (a path that is not exact fails after
-        two graphs, not five), and mark the graphs ready."""
+        two graphs, not five), and mark the graphs ready. pause() is called before each forward: it
+        returns when the build may go on (a request's forwards and the build's would share the cores)."""
         m = self.model
+
+        def forward(*args) -> torch.Tensor:
+            pause()
+            return self.forward(*args)
+
         # Scratch buffers of the live ones' kind: an inference tensor and a normal one dispatch
         # differently, and a graph built for one kind would be built again (a minute) for the other.
         with torch.inference_mode(m.k_cache.is_inference()):
@@ -122,14 +129,14 @@ class CompiledForward:
         for width in self.widths:
             t = time.perf_counter()
             # compiled at positions past those compared: rows never attend to keys after their own
-            self.forward(ids[:width], 2 * WINDOW_STEP, width, scratch)
+            forward(ids[:width], 2 * WINDOW_STEP, width, scratch)
             log.info("compiled forward: %d-row graph ready in %.1f s", width, time.perf_counter() - t)
             if not steps:
-                steps = {s: torch.cat([self.forward([ids[p]], p, 1, scratch) for p in range(s, s + self.max_rows)])
+                steps = {s: torch.cat([forward([ids[p]], p, 1, scratch) for p in range(s, s + self.max_rows)])
                          for s in starts}
             for n in range(checked + 1, width + 1):
                 for start in starts:
-                    rows = self.forward(ids[start:start + n], start, n, scratch)
+                    rows = forward(ids[start:start + n], start, n, scratch)
                     if not torch.equal(rows, steps[start][:n]):
                         diff = float((rows - steps[start][:n]).abs().max())
                         raise RuntimeError(f"compiled {n}-row forwards differ from compiled one-token steps "

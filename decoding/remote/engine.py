@@ -68,6 +68,7 @@ class RemoteJob(Job):
         if faults.trip("remote_stream_left_open"):
             return  # a fault for tests: the cancel does not reach the stream, which is read to its end
         loop, task = self._loop, self._task
+        log.debug("request cancelled (%s)", "its stream closes" if task is not None else "before it started")
         if loop is not None and task is not None:
             try:
                 loop.call_soon_threadsafe(task.cancel)
@@ -380,6 +381,7 @@ class Engine:
         stats.target_forwards = streamed.chunks
         if not stats.prompt_tokens:
             stats.prompt_tokens = stats.server.get("prompt_tokens") or stats.server.get("tokens_evaluated") or 0
+        log.debug("request ended: %s after %d chunks, %.0f ms", stats.stopped, streamed.chunks, elapsed)
         if self._spec_counters is not None:  # after the answer: the reading never delays it
             asyncio.get_running_loop().create_task(self._read_speculation())
         return self._record(CompletionResult(streamed.final_text(stats.stopped, final_rule), stats))

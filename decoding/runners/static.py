@@ -8,6 +8,7 @@ the eager forward. The graphs are built on a thread of their own while the eager
 go live between two requests (go_live), so that one request never mixes the two paths."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -35,6 +36,10 @@ class StaticRunner(OneLiveCache):
         self.built = None  # a CompiledForward built and checked, not live yet
         # off | compiling | built | live | failed: why
         self.compile_state = "off"
+        # clear while a request a user waits for runs: the graph build waits for it between forwards
+        # (two threads' parallel kernels on the same cores slowed a first suggestion from 0.6 s to 10)
+        self._no_request = threading.Event()
+        self._no_request.set()
         self.compile_seconds: float | None = None
         self._reading_prompt = False
 
@@ -59,7 +64,7 @@ class StaticRunner(OneLiveCache):
             started = time.perf_counter()
             try:
                 compiled = CompiledForward(self.model, widths or WIDTHS)
-                compiled.build()
+                compiled.build(pause=self._no_request.wait)
             except Exception as exc:  # noqa: BLE001 - the eager path goes on serving
                 self.compile_state = f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
                 log.warning("compiled forward not used: %s", self.compile_state)
@@ -73,6 +78,15 @@ class StaticRunner(OneLiveCache):
         thread = threading.Thread(target=build, name="draftwise-compile", daemon=True)
         thread.start()
         return thread
+
+    @contextlib.contextmanager
+    def serving(self):
+        """Around a request a user waits for (on the thread that runs requests)."""
+        self._no_request.clear()
+        try:
+            yield
+        finally:
+            self._no_request.set()
 
     def go_live(self) -> bool:
         """Between requests (on the thread that runs them): serve from the built graphs from now on.

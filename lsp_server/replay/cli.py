@@ -7,9 +7,10 @@ from pathlib import Path
 
 from lsp_server.replay import corpus, report
 from lsp_server.replay.editor import CLIENTS
-from lsp_server.replay.runs import make_replay, run_draftwise, run_llama_vim
+from lsp_server.replay.runs import make_replay, run_draftwise, run_llama_vim, run_name
 
 IDLE_RUNS = {"on": (True,), "off": (False,), "both": (False, True)}
+CONTEXT_RUNS = {"on": (True,), "off": (False,), "both": (False, True)}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -18,6 +19,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle", choices=tuple(IDLE_RUNS), default="both",
                    help="idle work (the idleWork setting: suggestions started at pauses, read-ahead, "
                         "prefetch) on, off, or both side by side (default: %(default)s)")
+    p.add_argument("--repo-context", choices=tuple(CONTEXT_RUNS), default="off",
+                   help="the repository context (the repoContext setting: definitions and similar code from "
+                        "other files of the workspace) off, on, or both side by side; it needs --workspace "
+                        "(default: %(default)s)")
+    p.add_argument("--workspace", metavar="DIR", type=Path,
+                   help="the server's workspace folder: files are typed at their own place in it (default "
+                        "FILEs: some of its source files); without it, a scratch folder holds only the typed files")
     p.add_argument("--chars", type=int, default=300, metavar="N",
                    help="characters typed per file (default: %(default)s)")
     p.add_argument("--client", choices=(*CLIENTS, "mixed"), default="mixed",
@@ -78,22 +86,36 @@ def _llama_vim_setup(args) -> dict:
 def run(args) -> int:
     if args.chars < 1 or args.speed <= 0 or (args.max_time_ms is not None and args.max_time_ms < 0):
         raise corpus.CorpusError("--chars must be at least 1, --speed positive and --max-time-ms not negative")
-    regions = (corpus.regions_of([Path(f) for f in args.files], args.chars, args.seed) if args.files
-               else corpus.default_regions(args.chars, args.seed))
+    workspace = args.workspace.resolve() if args.workspace else None
+    if workspace is not None and not workspace.is_dir():
+        raise corpus.CorpusError(f"--workspace {args.workspace}: not a folder")
+    if args.repo_context != "off" and workspace is None:
+        raise corpus.CorpusError("--repo-context on|both needs --workspace DIR: the context comes from its other files")
+    files = [Path(f).resolve() for f in args.files]
+    outside = [str(f) for f in files if workspace is not None and not f.is_relative_to(workspace)]
+    if outside:
+        raise corpus.CorpusError(f"not inside --workspace {args.workspace}: {', '.join(outside)}")
+    regions = (corpus.regions_of(files, args.chars, args.seed) if files
+               else corpus.default_regions(args.chars, args.seed, workspace=workspace))
     if args.server_logs:
         args.server_logs.mkdir(parents=True, exist_ok=True)
-    replay = make_replay(regions, _profiles(args.client, len(regions)), args.seed, args.speed)
+    replay = make_replay(regions, _profiles(args.client, len(regions)), args.seed, args.speed, workspace)
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - progress on stderr; the table owns stdout
     data = {"settings": {"target": args.target, "chars_per_file": args.chars, "client": args.client,
                          "seed": args.seed, "speed": args.speed, "idle": args.idle,
+                         "repo_context": args.repo_context,
+                         "workspace": corpus.shown_path(workspace) if workspace is not None else None,
                          "debounce_ms": {c.name: round(c.debounce_s * 1000) for c in CLIENTS.values()}},
             "machine": report.machine_info(), "versions": report.versions(), "date": report.stamp(),
             "files": [{"path": r.path, "language": r.language, "line": r.line, "chars": len(r.text)} for r in regions],
             "runs": {}, "not_run": {}}
     for idle in IDLE_RUNS[args.idle]:
-        settings = {} if args.max_time_ms is None else {"maxTimeMs": args.max_time_ms}
-        data["runs"]["on" if idle else "off"] = run_draftwise(replay, serve_args(args), idle, say, args.server_logs,
-                                                              settings)
+        for context in CONTEXT_RUNS[args.repo_context]:
+            settings = {} if args.max_time_ms is None else {"maxTimeMs": args.max_time_ms}
+            if workspace is not None:
+                settings["repoContext"] = context
+            data["runs"][run_name(idle, context)] = run_draftwise(replay, serve_args(args), idle, say,
+                                                                  args.server_logs, settings)
     if args.llamacpp == "auto":
         peer = _llama_vim_setup(args)
         if "reason" in peer:

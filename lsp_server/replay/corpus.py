@@ -31,6 +31,7 @@ class Region:
     suffix: str
     text: str  # what the user types back at the cursor
     line: int  # 1-based line where typing starts
+    source: Path | None = None  # the file itself: typed at its own place when the replay has a workspace
 
 
 def shown_path(path: Path) -> str:
@@ -64,7 +65,8 @@ def _start_lines(lines: list[str], offsets: list[int], chars: int, text_len: int
             and offsets[i] >= MIN_PREFIX_CHARS and offsets[i] + chars < text_len]
 
 
-def pick_region(text: str, path: str, language: str, chars: int, rng: random.Random) -> Region | None:
+def pick_region(text: str, path: str, language: str, chars: int, rng: random.Random,
+                source: Path | None = None) -> Region | None:
     """Whole lines from an indented code line on, at least `chars` characters (ending at a line's
     end), at least half of them code and none of them prose; typing starts after the first line's
     indentation, which stays in the document."""
@@ -83,7 +85,7 @@ def pick_region(text: str, path: str, language: str, chars: int, rng: random.Ran
         typed = [line for line in lines[first:last + 1] if line.strip()]
         if not prose & set(range(first, last + 1)) and sum(map(_looks_like_code, typed)) * 2 >= len(typed):
             end = offsets[last] + len(lines[last])
-            return Region(path, language, text[:start], text[end:], text[start:end], first + 1)
+            return Region(path, language, text[:start], text[end:], text[start:end], first + 1, source)
     return None
 
 
@@ -95,7 +97,7 @@ def regions_of(files: list[Path], chars: int, seed: int) -> list[Region]:
         language = language_of(f, text)
         if language is None:
             raise CorpusError(f"{f}: not a language the replay knows (by its extension)")
-        region = pick_region(text, shown_path(f), language, chars, rng)
+        region = pick_region(text, shown_path(f), language, chars, rng, f.resolve())
         if region is None:
             raise CorpusError(f"{f}: no indented code line with {chars} characters after it and "
                               f"{MIN_PREFIX_CHARS} before it")
@@ -103,11 +105,14 @@ def regions_of(files: list[Path], chars: int, seed: int) -> list[Region]:
     return regions
 
 
-def default_regions(chars: int, seed: int = 0, count: int = DEFAULT_FILES) -> list[Region]:
-    """Regions of `count` installed source files, dealt round-robin over the languages found (up to
-    FILES_PER_LANGUAGE each), files and regions picked with a seeded RNG."""
-    found = list_files(default_roots(), DEFAULT_LANGUAGES)
+def default_regions(chars: int, seed: int = 0, count: int = DEFAULT_FILES,
+                    workspace: Path | None = None) -> list[Region]:
+    """Regions of `count` installed source files (or files of `workspace`), dealt round-robin over the
+    languages found (up to FILES_PER_LANGUAGE each), files and regions picked with a seeded RNG."""
+    found = (list_files([workspace], DEFAULT_LANGUAGES, repository=True) if workspace is not None
+             else list_files(default_roots(), DEFAULT_LANGUAGES))
     rng = random.Random(seed)
+    per_language = count if workspace is not None else FILES_PER_LANGUAGE  # a package is mostly one language
     chosen: dict[str, list[Region]] = {}
     for language in [lang for lang in DEFAULT_LANGUAGES if found.get(lang)]:
         candidates = [f for f, _ in found[language]]
@@ -115,15 +120,16 @@ def default_regions(chars: int, seed: int = 0, count: int = DEFAULT_FILES) -> li
         chosen[language] = []
         for f in candidates[:200]:
             text = read_source(f)
-            region = (pick_region(text, shown_path(f), language, chars, rng)
+            region = (pick_region(text, shown_path(f), language, chars, rng, f.resolve())
                       if text is not None and language_of(f, text) == language else None)
             if region is not None:
                 chosen[language].append(region)
-            if len(chosen[language]) == FILES_PER_LANGUAGE:
+            if len(chosen[language]) == per_language:
                 break
     picked: list[Region] = []  # one file of each language first, then a second of each
-    for i in range(FILES_PER_LANGUAGE):
+    for i in range(per_language):
         picked += [regions[i] for regions in chosen.values() if i < len(regions)]
     if len(picked) < count:
-        raise CorpusError(f"found only {len(picked)} usable installed source files; pass files to replay")
+        where = f"in {workspace}" if workspace is not None else "installed"
+        raise CorpusError(f"found only {len(picked)} usable source files {where}; pass files to replay")
     return picked[:count]

@@ -17,6 +17,7 @@ COLUMNS = (  # (key, header, format)
     ("accepted_share", "accepted", "{:.0%}"),
     ("chars_saved_share", "chars saved", "{:.0%}"),
     ("compute_s_per_char", "CPU s/char", "{:.3f}"),
+    ("prompt_tokens_read_per_request_p50", "prompt read p50", "{:.0f}"),
     ("pauses", "pauses", "{}"),
     ("shown", "shown", "{}"),
 )
@@ -27,9 +28,9 @@ def _cell(value, spec: str) -> str:
 
 
 def print_table(data: Mapping, console: Console | None = None) -> None:
-    console = console or Console(width=max(Console().width, 110))  # a pipe is 80 wide: keep rows whole
+    console = console or Console(width=max(Console().width, 130))  # a pipe is 80 wide: keep rows whole
     table = Table(title="draftwise replay: typing back real files through the server")
-    table.add_column("run")
+    table.add_column("run", no_wrap=True)
     for _, header, _ in COLUMNS:
         table.add_column(header, justify="right")
     for name, run in data["runs"].items():

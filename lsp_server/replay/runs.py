@@ -20,17 +20,21 @@ SHOWN_WITHIN_S = 1.0
 
 @dataclass(frozen=True)
 class Replay:
-    """The same for every run compared: files, keystrokes and timing, client per file."""
+    """The same for every run compared: files, keystrokes and timing, client per file. workspace: the
+    folder the server is given, where each file is typed at its own place; None: a scratch folder
+    holding nothing but the typed documents."""
 
     regions: Sequence[Region]
     plans: Sequence[list[Keystroke]]
     profiles: Sequence[ClientProfile]
     speed: float = 1.0
+    workspace: Path | None = None
 
 
-def make_replay(regions: Sequence[Region], profiles: Sequence[ClientProfile], seed: int, speed: float) -> Replay:
+def make_replay(regions: Sequence[Region], profiles: Sequence[ClientProfile], seed: int, speed: float,
+                workspace: Path | None = None) -> Replay:
     plans = [plan_keystrokes(r.text, random.Random(f"{seed}:{i}"), speed) for i, r in enumerate(regions)]
-    return Replay(regions, plans, profiles, speed)
+    return Replay(regions, plans, profiles, speed, workspace)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -61,11 +65,22 @@ def summarize(results: Sequence[FileResult], compute_s: float | None) -> dict:
     }
 
 
+def prompt_reading(stats: dict, typed_chars: int) -> dict:
+    """What the server read of its prompts while the user typed: per request (median, from the
+    engine's own record) and in all (requests, idle generations, read-aheads) per typed character."""
+    cumulative, idle, per_request = stats.get("cumulative") or {}, stats.get("idle") or {}, stats.get("promptRead") or {}
+    read = (cumulative.get("prompt_tokens", 0) - cumulative.get("reused_prompt_tokens", 0)
+            + idle.get("prefetch_read_tokens", 0) + idle.get("prepared_tokens", 0))
+    return {"prompt_tokens_read_per_request_p50": per_request.get("median"),
+            "prompt_tokens_read_per_char": round(read / typed_chars, 1) if typed_chars else None}
+
+
 def type_files(backend, replay: Replay, workspace: Path) -> list[FileResult]:
     results = []
     for i, (region, plan, profile) in enumerate(zip(replay.regions, replay.plans, replay.profiles)):
-        name = f"{i}-{Path(region.path).name}"
-        doc = Document(uri=(workspace / name).as_uri(), language=region.language,
+        in_place = replay.workspace is not None and region.source is not None
+        place = region.source if in_place else workspace / f"{i}-{Path(region.path).name}"
+        doc = Document(uri=place.as_uri(), language=region.language,
                        text=region.prefix + region.suffix, cursor=len(region.prefix))
         result = FileResult(region.path, region.language, profile.name, len(region.text))
         results.append(TypingSession(backend, doc, region.text, plan, profile, result, replay.speed).run())
@@ -80,21 +95,38 @@ def by_client(results: Sequence[FileResult]) -> dict:
 def run_draftwise(replay: Replay, serve_args: list[str], idle: bool, say=print, logs: Path | None = None,
                   settings: dict | None = None) -> dict:
     """Start a server with idle work on or off, type every file, stop it. logs: a folder to keep the
-    server's log in (server-on.log / server-off.log); settings: more server settings (maxTimeMs)."""
-    which = "on" if idle else "off"
+    server's log in (server-<run>.log); settings: more server settings (maxTimeMs, repoContext)."""
+    which = run_name(idle, (settings or {}).get("repoContext", False))
     with tempfile.TemporaryDirectory(prefix="draftwise-replay-") as tmp:
-        workspace = Path(tmp) / "workspace"
-        workspace.mkdir()
+        workspace = replay.workspace or Path(tmp) / "workspace"
+        workspace.mkdir(exist_ok=True)
         log_path = (logs or Path(tmp)) / f"server-{which}.log"
         backend = DraftwiseBackend(serve_args, idle, workspace, log_path, settings)
-        run, loaded, final, results = _type_with(backend, replay, workspace, f"idle work {which}", say)
+        run, loaded, final, results = _type_with(backend, replay, workspace, f"run {which}", say)
+    run.update(prompt_reading(final["stats"], run["typed_chars"]))
     return {**run, "settings": {**(settings or {}), "idleWork": idle,
                                 "idle_setting_known_to_server": final["idle_setting_known"],
                                 "weights": loaded.get("weights"), "drafter": loaded.get("drafter"),
                                 "device": loaded.get("device")},
             "server_suggestions": final["stats"].get("suggestions"),
             # the path the typing ran on, and whether it speculated: the engine's own counts
-            "server_engine": _engine_summary(final["stats"]), "files": [r.to_dict() for r in results]}
+            "server_engine": _engine_summary(final["stats"]),
+            "server_repo_context": _repo_context_summary(final["stats"]), "files": [r.to_dict() for r in results]}
+
+
+def _repo_context_summary(stats: dict) -> dict | None:
+    """How often the context was chosen afresh or kept, and how much of the workspace was indexed."""
+    context = stats.get("repoContext")
+    if not context:
+        return None
+    index = context.get("index") or {}
+    return {"selections": context.get("selections"),
+            "index": {k: index.get(k) for k in ("files", "bytes", "truncated")}}
+
+
+def run_name(idle: bool, repo_context: bool) -> str:
+    """"on"/"off" for idle work, "+context" with the repository context."""
+    return ("on" if idle else "off") + ("+context" if repo_context else "")
 
 
 def _engine_summary(stats: dict) -> dict:

@@ -162,3 +162,35 @@ def test_int4_graphs_compute_each_row_as_a_compiled_decode_step(tiny_model_dir):
         steps = torch.cat([forward.forward([t], 40 + i, 1) for i, t in enumerate(ids[40:44])])
         for width in (2, 3, 4):
             assert torch.equal(forward.forward(ids[40:40 + width], 40, width), steps[:width]), f"width {width}"
+
+
+def test_the_build_waits_between_forwards_while_a_request_runs(tiny_model_dir):
+    """A request's forwards and the build's would share the cores (a first suggestion took 10 s
+    instead of 0.6 while graphs loaded): the build asks pause() before each of its forwards, and
+    the engine holds it while a request a user waits for runs, not while idle work does."""
+    e = Engine(EngineConfig(target=str(tiny_model_dir), weights="int8", compile="off", max_tokens=4))
+    e.load()
+    try:
+        runner = e.models.target_runner
+        held, start = [], runner.start
+
+        def watched_start(*args, **kwargs):
+            held.append(not runner._no_request.is_set())  # what the build's pause() would wait on
+            return start(*args, **kwargs)
+
+        runner.start = watched_start
+        request = CompletionRequest(prefix="def f(x):\n    return", suffix="", max_tokens=4, document="a")
+        e.complete(request)
+        e.submit(CompletionRequest(prefix="def g(y):\n    return", suffix="", max_tokens=4, document="b"),
+                 idle=True).result()
+        assert held == [True, False] and runner._no_request.is_set()
+
+        # the build's own side, its forwards stood in for (no compile): pause() before each one
+        built = compiled_forward.CompiledForward(runner.model, WIDTHS)
+        calls = []
+        built.forward = lambda ids, start, n, scratch: (calls.append("forward") or
+                                                        torch.arange(start, start + n, dtype=torch.float32)[:, None])
+        built.build(pause=lambda: calls.append("pause"))
+        assert built.ready and calls and calls == ["pause", "forward"] * (len(calls) // 2)
+    finally:
+        e.close()

@@ -42,3 +42,41 @@ def test_replay_types_a_file_through_the_server_and_reports_each_run(tiny_model_
         p50, p95 = run["pause_to_suggestion_ms_p50"], run["pause_to_suggestion_ms_p95"]
         assert (p50 is None) == (p95 is None) and (p50 is None or 0 <= p50 <= p95)
     assert "draftwise replay" in capsys.readouterr().out  # the table, on the tool's stdout
+
+
+def test_replay_in_a_workspace_runs_with_the_repository_context_off_and_on(tiny_model_dir, tmp_path, capsys):
+    """--workspace: the files are typed at their own place in a real folder the server indexes;
+    --repo-context both: one run without the context and one with it, each saying what its prompts read."""
+    workspace = tmp_path / "pkg"
+    workspace.mkdir()
+    (workspace / "models.py").write_text(
+        "class Account:\n    \"\"\"A customer's account.\"\"\"\n\n    def __init__(self, owner, balance):\n"
+        "        self.owner = owner\n        self.balance = balance\n\n    def deposit(self, amount):\n"
+        "        self.balance += amount\n        return self.balance\n")
+    steps = small_file(workspace)
+    steps.write_text("from models import Account\n\n" + steps.read_text())
+    out = tmp_path / "replay.json"
+    code = main(["replay", str(steps), "--workspace", str(workspace), "--target", str(tiny_model_dir),
+                 "--weights", "fp32", "--max-tokens", "4", "--chars", "30", "--speed", "1.5", "--idle", "off",
+                 "--repo-context", "both", "--llamacpp", "off", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert set(data["runs"]) == {"off", "off+context"}
+    assert data["settings"]["repo_context"] == "both"
+    for name, run in data["runs"].items():
+        with_context = name.endswith("+context")
+        assert run["settings"]["repoContext"] is with_context
+        assert run["requests"] >= 1 and run["prompt_tokens_read_per_request_p50"] >= 0
+        assert run["prompt_tokens_read_per_char"] > 0  # the first request read its whole prompt
+        context = run["server_repo_context"]
+        if with_context:  # the workspace was indexed and the requests chose their context from it
+            assert context["index"]["files"] == 2 and context["selections"]["made"] >= 1
+    table = capsys.readouterr().out
+    assert "off+context" in table and "prompt read" in table
+
+
+def test_replay_refuses_the_repository_context_without_a_workspace(tiny_model_dir, tmp_path, capsys):
+    code = main(["replay", str(small_file(tmp_path)), "--target", str(tiny_model_dir), "--repo-context", "on",
+                 "--llamacpp", "off"])
+    assert code != 0
+    assert "--workspace" in capsys.readouterr().err

@@ -78,6 +78,9 @@ async def test_a_request_shows_the_definition_from_another_file_and_keeps_it_whi
     s = await stats(client)
     assert s["repoContext"]["selections"]["made"] == made and s["repoContext"]["selections"]["kept"] >= 1
     assert s["last"]["reused_prompt_tokens"] > with_context - 20, s["last"]
+    # promptRead: each request's unread prompt, the first one whole, this one a few tokens
+    assert s["promptRead"]["requests"] == s["requests"] >= 2
+    assert s["promptRead"]["median"] <= s["promptRead"]["mean"] <= with_context
 
     # The same request (in a copy of the file) with the repository context off is shorter by the
     # definition it showed.
