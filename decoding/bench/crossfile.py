@@ -159,7 +159,9 @@ def run_plan(fmt: str, contexts: Sequence[str], lookup: bool = True) -> list[tup
     (quality alone: the lookup rows write the same text)."""
     plan = []
     if "off" in contexts:
-        plan += [(f"none@{fmt}", "none", False, False)] + [(f"lookup@{fmt}", "lookup", False, False)] * lookup
+        plan += [(f"none@{fmt}", "none", False, False)]
+        if lookup:
+            plan += [(f"lookup@{fmt}", "lookup", False, False)]
     if "on" in contexts:
         plan += [(f"none@{fmt}+context", "none", True, False)]
         if lookup:
