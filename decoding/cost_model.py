@@ -30,26 +30,71 @@ GLOBAL_WEIGHT = 0.25  # how much earlier requests count next to this one
 # costing verify forwards after a few, not after a few per bucket.
 FAMILY_WEIGHT = 0.5
 GLOBAL_DECAY = 0.995
+# Earlier requests count as at most this many drafts, however many there were: they set where this
+# request starts, and this request's own failures must be able to stop its drafting within a few
+# drafts (with the lifetime's full weight, a day of 60% acceptance kept a file whose every draft
+# failed drafting to its end, 0.87x of plain decoding).
+LIFETIME_STRENGTH = 6.0
 MIN_GAIN = 1.03  # a draft must promise 3% more tokens per second than plain decoding
 
 
 @dataclass
 class ForwardTimes:
-    """Seconds per target forward by number of new tokens, measured on this device."""
+    """Seconds per target forward by number of new tokens, measured on this device.
+
+    widths: where forwards run on graphs of fixed row counts (a compiled forward pads a draft to the
+    next width), the widths; a forward of n tokens then costs what its width costs, a step function
+    a line through the measured points would miss (3 tokens cost what 4 do, not less).
+
+    longer: the same forwards timed on a longer cache (lengths: the two caches' lengths). Attention
+    reads every cached key, so a forward costs more on a 1,000-token prompt than on a 128-token one,
+    and a verify forward's extra rows more still (the 0.5B, int4, compiled: 2 rows over 1 went from
+    1.23x to 1.42x): drafts priced on the short cache alone lost time on real prompts. Times for a
+    cache of another length are interpolated (and extrapolated) linearly in it."""
 
     by_tokens: dict[int, float]
+    widths: tuple[int, ...] | None = None
+    longer: dict[int, float] | None = None
+    lengths: tuple[int, int] = (128, 128)
 
-    def observe(self, n: int, seconds: float, weight: float = 0.1) -> None:
-        """Keep the table current: load on the machine changes, and so does the cache length."""
-        if n in self.by_tokens:
-            self.by_tokens[n] += weight * (seconds - self.by_tokens[n])
-        else:
-            self.by_tokens[n] = self(n) + weight * (seconds - self(n))
+    def _width(self, n: int) -> int:
+        if self.widths and n <= self.widths[-1]:
+            return next(w for w in self.widths if w >= n)
+        return n
 
-    def __call__(self, n: int) -> float:
-        pts = sorted(self.by_tokens.items())
-        if n in self.by_tokens:
-            return self.by_tokens[n]
+    def observe(self, n: int, seconds: float, weight: float = 0.1, length: int | None = None) -> None:
+        """Keep the table current. The machine's speed drifts (load, a neighbour on the host) and moves
+        every width alike, so half of what a forward says moves the whole table; the other half moves
+        its own width (what it costs next to the others). Moving one width alone let plain decoding's
+        steps follow the drift while verify forwards, once drafting stopped, never ran to catch up."""
+        n = self._width(n)
+        if n > max(self.by_tokens):  # a prompt read: not a width drafts are priced at
+            return
+        predicted = self(n, length)
+        if predicted <= 0:
+            return
+        tables = [self.by_tokens] + ([self.longer] if self.longer is not None else [])
+        level = 1.0 + 0.5 * weight * (seconds / predicted - 1.0)
+        for table in tables:
+            for key in table:
+                table[key] *= level
+        own = 1.0 + 0.5 * weight * (seconds / self(n, length) - 1.0)
+        for table in tables:
+            table[n] = self._lookup(table, n) * own
+
+    def __call__(self, n: int, length: int | None = None) -> float:
+        n = self._width(n)
+        short = self._lookup(self.by_tokens, n)
+        if self.longer is None or length is None:
+            return short
+        (a, b), long = self.lengths, self._lookup(self.longer, n)
+        return max(short, short + (long - short) * (length - a) / (b - a)) if length > a else short
+
+    @staticmethod
+    def _lookup(table: dict[int, float], n: int) -> float:
+        if n in table:
+            return table[n]
+        pts = sorted(table.items())
         lo = max((p for p in pts if p[0] <= n), default=pts[0])
         hi = min((p for p in pts if p[0] >= n), default=pts[-1])
         if lo[0] == hi[0]:  # outside the measured range: extend the last slope
@@ -58,8 +103,48 @@ class ForwardTimes:
         return lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0])
 
 
-def measure_forward_times(runner, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3) -> ForwardTimes:
-    """Time forwards of each size on top of a `context`-token cache (medians of `repeats`)."""
+def measure_forward_times(runner, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3,
+                          long_context: int | None = None) -> ForwardTimes:
+    """Time forwards of each size on top of a `context`-token cache (medians of `repeats`), and on a
+    `long_context`-token one where given. A runner on fixed-width graphs (runner.forward_widths) is
+    timed at each width instead, twice as often (no line smooths a step function's noise)."""
+    widths = tuple(w for w in (getattr(runner, "forward_widths", None) or ()) if w <= max(sizes)) or None
+    if widths:
+        sizes, repeats = widths, 2 * repeats
+    if long_context and long_context > context and hasattr(runner, "assume_cached"):
+        short, long_ = _timed_alternating(runner, sizes, (context, long_context), repeats)
+        return ForwardTimes(_smoothed(short, widths), widths, _smoothed(long_, widths), (context, long_context))
+    short = _smoothed(_timed(runner, sizes, context, repeats), widths)
+    if not long_context or long_context <= context:
+        return ForwardTimes(short, widths)
+    long_ = _smoothed(_timed(runner, sizes, long_context, repeats), widths)
+    return ForwardTimes(short, widths, long_, (context, long_context))
+
+
+def _timed_alternating(runner, sizes, contexts: tuple[int, int], repeats: int) -> tuple[dict, dict]:
+    """Both caches' times, one forward of each size on each in turn: a machine whose speed drifts
+    (another process, a neighbour on the host) moves both tables alike, not one against the other."""
+    from decoding.runners import synthetic_tokens
+
+    base = synthetic_tokens(runner.vocab_size, max(contexts) + max(sizes) + 1)
+    runner.start([], "__cost_model__")
+    samples: list[dict[int, list[float]]] = [{n: [] for n in sizes} for _ in contexts]
+    try:
+        for rep in range(repeats + 1):  # the first round warms up (allocations, kernel selection)
+            for n in sizes:
+                for table, context in zip(samples, contexts):
+                    runner.assume_cached(base[:context])  # timing needs a cache this long, not its values
+                    t0 = time.perf_counter()
+                    runner.forward(base[context:context + n])
+                    if rep:
+                        table[n].append(time.perf_counter() - t0)
+    finally:
+        runner.discard()
+    short, long_ = ({n: statistics.median(v) for n, v in table.items()} for table in samples)
+    return short, long_
+
+
+def _timed(runner, sizes, context: int, repeats: int) -> dict[int, float]:
     from decoding.runners import synthetic_tokens
 
     base = synthetic_tokens(runner.vocab_size, context + 1)
@@ -78,13 +163,22 @@ def measure_forward_times(runner, sizes=(1, 2, 4, 8, 12, 16), context: int = 128
             runner.crop_to(context)
         times[n] = statistics.median(samples)
     runner.discard()  # don't keep the synthetic cache
+    return times
+
+
+def _smoothed(times: dict[int, float], widths) -> dict[int, float]:
+    if widths:  # more rows never cost less
+        times = dict(times)
+        for a, b in zip(widths, widths[1:]):
+            times[b] = max(times[b], times[a])
+        return times
     # Smooth measurement noise with a least-squares line t = a + b*n (b >= 0: more tokens never cost less).
     ns, ts = list(times), list(times.values())
     mean_n, mean_t = statistics.fmean(ns), statistics.fmean(ts)
     var = sum((n - mean_n) ** 2 for n in ns)
     b = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in zip(ns, ts)) / var) if var else 0.0
     a = max(mean_t - b * mean_n, 1e-6)
-    return ForwardTimes({n: a + b * n for n in ns})
+    return {n: a + b * n for n in ns}
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -108,8 +202,9 @@ class Acceptance:
         gs, gf = self.lifetime.get(key, (0.0, 0.0))
         rs, rf = self.request.get(key, (0.0, 0.0))
         fs, ff = self._family_in_request(key)
-        s = a0 + GLOBAL_WEIGHT * gs + rs + FAMILY_WEIGHT * fs
-        f = b0 + GLOBAL_WEIGHT * gf + rf + FAMILY_WEIGHT * ff
+        weight = min(GLOBAL_WEIGHT, LIFETIME_STRENGTH / (gs + gf)) if gs + gf > 0 else 0.0
+        s = a0 + weight * gs + rs + FAMILY_WEIGHT * fs
+        f = b0 + weight * gf + rf + FAMILY_WEIGHT * ff
         return s / (s + f)
 
     def _family_in_request(self, key: str) -> tuple[float, float]:
@@ -156,21 +251,23 @@ class CostModel:
     def plain_rate(self) -> float:
         return 1.0 / self.t(1)
 
-    def best_k(self, alpha: float, max_k: int, step_cost: float = 0.0) -> tuple[int, float]:
-        best = (0, self.plain_rate)
+    def best_k(self, alpha: float, max_k: int, step_cost: float = 0.0, length: int | None = None) -> tuple[int, float]:
+        """length: the cache's length (forwards on a longer one cost more, verify rows most)."""
+        best = (0, 1.0 / self.t(1, length))
         for k in range(1, min(max_k, self.max_draft) + 1):
-            rate = expected_tokens(alpha, k) / (self.t(k + 1) + k * step_cost)
+            rate = expected_tokens(alpha, k) / (self.t(k + 1, length) + k * step_cost)
             if rate > best[1]:
                 best = (k, rate)
         return best
 
-    def price(self, source: str, offer: Offer, room: int) -> Plan:
+    def price(self, source: str, offer: Offer, room: int, length: int | None = None) -> Plan:
         """The best draft length for this offer, its rate, and whether it pays. room: tokens the
-        request may still emit. A one-off catch-up is spread over all of them: on a CPU a draft model
-        reading 1,000 prompt tokens takes seconds, on a GPU milliseconds."""
-        k, rate = self.best_k(self.acceptance.alpha(offer.key), min(offer.tokens, room - 1), offer.step_s)
+        request may still emit; length: the sequence's length (the target's cache). A one-off
+        catch-up is spread over all of them: on a CPU a draft model reading 1,000 prompt tokens
+        takes seconds, on a GPU milliseconds."""
+        k, rate = self.best_k(self.acceptance.alpha(offer.key), min(offer.tokens, room - 1), offer.step_s, length)
         rate = self.amortized_rate(rate, room, offer.catch_up_s) if k else rate
-        return Plan(source, k, rate, k > 0 and rate >= self.plain_rate * MIN_GAIN)
+        return Plan(source, k, rate, k > 0 and rate >= MIN_GAIN / self.t(1, length))
 
     def drafter_pays(self, step_s: float, alpha: float = 0.9) -> bool:
         """Could a drafter costing step_s a token beat plain decoding when right 90% of the time?"""
@@ -178,8 +275,13 @@ class CostModel:
         return rate > self.plain_rate * MIN_GAIN
 
     def summary(self) -> dict:
+        longer = {}
+        if self.t.longer is not None:
+            longer = {"cache_lengths": list(self.t.lengths),
+                      "target_forward_ms_long_cache": {n: round(s * 1000, 1) for n, s in sorted(self.t.longer.items())}}
         return {
             "target_forward_ms": {n: round(s * 1000, 1) for n, s in sorted(self.t.by_tokens.items())},
+            **longer,
             "verify8_over_decode": round(self.t(8) / self.t(1), 2),
             "acceptance": {k: round(self.acceptance.alpha(k), 3) for k in sorted(self.acceptance.lifetime)},
         }

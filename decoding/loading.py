@@ -12,6 +12,19 @@ from decoding.drafters.base import Drafter
 
 log = logging.getLogger("draftwise.loading")
 
+# The cost model also times forwards on a cache this long: prompts fill ~1,000 positions, where
+# attention makes verify rows dearer than on its short cache (decoding/cost_model.py, ForwardTimes).
+LONG_CACHE = 512
+
+
+def long_cache(runner) -> int | None:
+    """The longer cache the cost model times forwards on, or None: none where drafting is off (no
+    draft to price), and within the runner's positions."""
+    if not runner.verify_exact:
+        return None
+    limit = getattr(runner, "context_limit", None) or getattr(runner, "max_positions", None)
+    return LONG_CACHE if limit is None else min(LONG_CACHE, limit - 32)
+
 
 
 @dataclass
@@ -48,7 +61,7 @@ class LoadedModels:
             runner.drop_compiled(f"its verify forwards are exact up to {runner.exact_width} rows only")
             exactness.measure(runner)
             return runner.path
-        self.cost.t = measure_forward_times(runner, repeats=self.measure_repeats)
+        self.cost.t = measure_forward_times(runner, repeats=self.measure_repeats, long_context=long_cache(runner))
         self.cost.max_draft = max(0, min(16, runner.exact_width - 1))
         log.info("forward path: compiled; cost model re-timed: %s", self.cost.summary())
         return runner.path
@@ -118,7 +131,8 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     runner = runner_for(target, cfg.cache_mb * 1024 * 1024)
     progress("measuring forward costs on this device", 0.5)
     # Drafts are capped where verify forwards stop being exact here (decoding/runners/exactness.py).
-    cost = CostModel(measure_forward_times(runner, repeats=3 if cfg.measure_cost else 1),
+    cost = CostModel(measure_forward_times(runner, repeats=3 if cfg.measure_cost else 1,
+                                           long_context=long_cache(runner)),
                      max_draft=max(0, min(16, runner.exact_width - 1)))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
                           runner, cost, {"lookup": LookupDrafter(encode=prompts.encode), "suggestion": SuggestionDrafter(target.tokenizer)},

@@ -45,7 +45,7 @@ class DraftPolicy:
             offer = drafter.offer(seq, room - 1)
             if offer is None:
                 continue
-            plan = self.cost.price(name, offer, room)
+            plan = self.cost.price(name, offer, room, len(seq))
             if not self.auto:  # a named drafter drafts whenever it can
                 plan = Plan(name, max(plan.k, 1), plan.rate, True)
             if plan.pays and (best is None or plan.rate > best.rate):
@@ -60,10 +60,11 @@ class DraftPolicy:
             self.stats.drafted_by[draft.source] = self.stats.drafted_by.get(draft.source, 0) + len(draft)
         return draft
 
-    def observe(self, draft: Draft | None, accepted: int, forward_s: float, fed: int) -> None:
+    def observe(self, draft: Draft | None, accepted: int, forward_s: float, fed: int, length: int | None = None) -> None:
         """After a verify forward of `fed` tokens (the draft, the last token, on a request's first
-        forward maybe more of the prompt): keep forward costs and acceptance estimates current."""
-        self.cost.t.observe(fed, forward_s)
+        forward maybe more of the prompt) on a cache of `length` tokens: keep forward costs and
+        acceptance estimates current."""
+        self.cost.t.observe(fed, forward_s, length=length)
         if not draft or not draft.tokens:
             return
         self.cost.acceptance.record(draft.key, len(draft), accepted)

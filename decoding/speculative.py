@@ -89,8 +89,8 @@ def speculative_decode(target: Runner, seq: list[int], policy: DraftPolicy, samp
         draft = policy.propose(seq, rule.max_tokens - (len(seq) - prompt_len))
         if cancel.cancelled:
             break
-        t_forward = time.perf_counter()
-        fed = seq[len(target.tokens):] + (draft.tokens if draft else [])
+        t_forward, cached = time.perf_counter(), len(target.tokens)
+        fed = seq[cached:] + (draft.tokens if draft else [])
         logits = target.forward(fed, logits_to_keep=1 + (len(draft) if draft else 0))
         allowed = healing.allowed(seq[prompt_len:]) if healing is not None else None
         if allowed is not None:
@@ -98,7 +98,7 @@ def speculative_decode(target: Runner, seq: list[int], policy: DraftPolicy, samp
         stats.target_forwards += 1
         new = sampler.verify(logits, draft)  # accepted draft tokens + one token of the target's own
         target.crop_to(len(seq) + len(new) - 1)  # rejected draft tokens leave the cache
-        policy.observe(draft, len(new) - 1, time.perf_counter() - t_forward, len(fed))
+        policy.observe(draft, len(new) - 1, time.perf_counter() - t_forward, len(fed), cached)
         seq.extend(new)
         if stats.target_forwards == 1:
             stats.first_token_ms = stats.prefill_ms + (time.perf_counter() - started) * 1000

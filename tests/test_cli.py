@@ -102,3 +102,11 @@ def test_complete_on_a_stdlib_file_with_the_real_model(real_model, tmp_path):
     for key in ("prompt_tokens", "reused_prompt_tokens", "drafted_tokens", "accepted_tokens", "prefill_ms",
                 "decode_ms", "drafter", "stopped", "accepted_by"):
         assert key in l["stats"]
+
+
+def test_quality_merge_of_a_file_that_is_not_a_bench_run(tmp_path):
+    """`draftwise bench --quality-merge` loads no model: a bad file is one clear line, a good one a table."""
+    bad = tmp_path / "notes.json"
+    bad.write_text(json.dumps({"config": {}}))
+    assert_clean_error(draftwise("bench", "--quality-merge", str(bad)), "has no scored records")
+    assert_clean_error(draftwise("bench", "--quality-merge", str(tmp_path / "gone.json")), "No such file")

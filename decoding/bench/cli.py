@@ -91,6 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="an earlier bench JSON with fp32 rows: run its cases (timed and quality) instead of "
                         "sampling, and pair each format with its fp32 records for the quality gate, so fp32 (the "
                         "slowest format) need not run again")
+    g.add_argument("--quality-merge", metavar="LIST",
+                   help="pool the scored records of earlier bench JSONs (comma-separated; same model, --max-tokens "
+                        "and --context-tokens) into one quality table with the gate's verdicts, and exit (loads no "
+                        "model); a case scored in more than one file counts once")
     g.add_argument("--cross-file", dest="crossfile", type=_positive, default=0, metavar="N",
                    help="also run N cross-file cases (the removed line uses a name defined in another file of its "
                         "package, the package is the workspace): quality with and without the repository context, "
@@ -187,6 +191,8 @@ def load_engines(config, formats: list[str], say, compiles: tuple[str, ...] = ("
 def run(args) -> int:
     from decoding.api import EngineConfig
 
+    if getattr(args, "quality_merge", None):
+        return _quality_merge(args)
     if args.limit < 1 and not getattr(args, "crossfile", 0) and not getattr(args, "serve_start", False):
         raise DraftwiseError("--limit must be at least 1 (or 0 with --cross-file N or --serve-start)")
     if args.repeats < 1:
@@ -349,6 +355,26 @@ def _crossfile(args, engine) -> dict:
     for index in indexes.values():
         index.close()
     return result
+
+
+def _quality_merge(args) -> int:
+    """`--quality-merge A.json,B.json`: earlier runs' scored records pooled into one gate table."""
+    from decoding.bench import report
+    from decoding.bench.harness import merge_quality_runs
+
+    paths = [p.strip() for p in args.quality_merge.split(",") if p.strip()]
+    try:
+        data = merge_quality_runs(paths)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DraftwiseError(f"--quality-merge: {exc}") from exc
+    data["config"]["command"] = "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    q = data["quality"]
+    print(f"{q['cases']} cases ({', '.join(f'{lang} {n}' for lang, n in q['languages'].items())}) from "
+          + "; ".join(f"{r['file']} ({r['records_added']} records)" for r in q["runs"]))
+    print("\n".join(report.quality_markdown(q)))
+    if args.json_path:
+        report.write_json(data, args.json_path)
+    return 0
 
 
 def _serve_start(args, weights: str) -> dict:

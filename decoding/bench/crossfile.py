@@ -38,6 +38,9 @@ class CrossFileCase:
     package: Path  # the workspace
     name: str  # the name the removed line uses, defined in another file of the package
     defined_in: str
+    # the whole text before the cursor, which the server's context selection reads (its imports may lie
+    # above the prompt's prefix, which keeps the last KEEP_PREFIX_CHARS)
+    before: str = ""
 
 
 def packages(roots: Sequence[Path], languages: Sequence[str] | None) -> dict[str, list[Path]]:
@@ -109,7 +112,7 @@ def _cases_in(index: WorkspaceIndex, package: Path, language: str, rng: random.R
         case = Case(id=f"{language}:{package.name}/{f.path}:{i + 1}:crossfile", language=language,
                     kind="crossfile", path=f.path, source=str(package / f.path), line=i + 1,
                     prefix=prefix, suffix=text[end:end + KEEP_SUFFIX_CHARS], expected=text[cursor:end])
-        out.append(CrossFileCase(case, package, name, defined_in))
+        out.append(CrossFileCase(case, package, name, defined_in, text[:cursor]))
     return out
 
 
@@ -181,7 +184,7 @@ def run_crossfile(engine, cases: Sequence[CrossFileCase], indexes: dict[Path, Wo
     shown = {}
     for x in cases:
         c = x.case
-        selection = select(indexes[x.package], c.path, c.language, c.prefix, REPO_CONTEXT_TOKENS)
+        selection = select(indexes[x.package], c.path, c.language, x.before or c.prefix, REPO_CONTEXT_TOKENS)
         shown[c.id] = {"sections": selection.describe(), "defines": x.name, "defined_in": x.defined_in,
                        "shown": any(s["why"] == f"defines {x.name}" for s in selection.describe())}
         for row, drafter, context, index in plan:

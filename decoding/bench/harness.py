@@ -410,38 +410,14 @@ class Bench:
     def quality(self) -> dict | None:
         """Per weight format (and llama.cpp's Q4): quality over the timed cases (their plain-decoding
         text) and the extra quality cases, with the gate's verdict against fp32."""
-        from decoding.models.quality_gate import MAX_DROP_POINTS
-
-        runs = self.result.runs
-        table = {}
-        for fmt in [f for f in list(self.engines) if f is not None] + ["llamacpp-plain"]:
-            timed = runs.get(f"none@{fmt}" if fmt != "llamacpp-plain" else fmt, {})
-            records = list(timed.values()) + list(self.result.quality_runs.get(fmt, {}).values())
-            if records:
-                table["llamacpp-q4" if fmt == "llamacpp-plain" else fmt] = quality_summary(r for r in records if r.ok)
-        if "fp32" not in table and self.quality_reference:
-            table = {"fp32": {**quality_summary(r for r in self._quality_records("fp32").values() if r.ok),
-                              "from": "an earlier run (--quality-reference)"}, **table}
-        if not table:
-            return None
-        # The gate: a format stays out of `auto` only when the 95% interval of its paired difference
-        # from fp32 lies wholly below -MAX_DROP_POINTS (decoding/models/quality_gate.py).
-        fp32 = self._quality_records("fp32")
-        reference = table.get("fp32", {}).get("first_line_exact")
-        for fmt, q in table.items():
-            if reference is not None and q["first_line_exact"] is not None:
-                q["drop_points"] = round(reference - q["first_line_exact"], 1)
-            if fmt == "fp32" or not fp32:
-                continue
-            paired = paired_difference(self._quality_records("llamacpp-plain" if fmt == "llamacpp-q4" else fmt), fp32)
-            if paired is not None:
-                q["versus_fp32"] = paired
-                q["passes_gate"] = paired["ci95"][1] >= -MAX_DROP_POINTS
-        return {"max_drop_points": MAX_DROP_POINTS, "formats": table,
-                "cases": max((q["quality_cases"] for q in table.values()), default=0),
-                "method": "first line of the raw completion equal to the removed code's first line (trailing "
-                          "spaces aside); similarity: difflib ratio over as many lines as were removed; "
-                          "versus_fp32: paired difference with a 95% bootstrap interval and McNemar's exact test"}
+        records = {("llamacpp-q4" if fmt == "llamacpp-plain" else fmt): self._quality_records(fmt)
+                   for fmt in [f for f in list(self.engines) if f is not None] + ["llamacpp-plain"]}
+        records = {fmt: recs for fmt, recs in records.items() if recs}
+        reference = records.get("fp32") or self.quality_reference
+        table = quality_table(records, reference)
+        if table and "fp32" not in records and self.quality_reference:
+            table["formats"]["fp32"]["from"] = "an earlier run (--quality-reference)"
+        return table
 
     # ---- typing -------------------------------------------------------------------------------
     def typing_cases(self) -> list[Case]:
@@ -660,6 +636,92 @@ def build_report_data(bench: Bench, modes_order: Sequence[str], config: dict) ->
     }
 
 
+def quality_table(records: dict[str, dict[str, RunRecord]], fp32: dict[str, RunRecord] | None = None) -> dict | None:
+    """format -> its scored records (case id -> record) -> the quality table: per format first-line exact
+    and similarity, and against fp32's records of the same cases the paired difference and the gate's
+    verdict. fp32: fp32's records where `records` has none (an earlier run's)."""
+    from decoding.models.quality_gate import MAX_DROP_POINTS
+
+    fp32 = records.get("fp32") or fp32 or {}
+    if fp32 and "fp32" not in records:
+        records = {"fp32": fp32, **records}
+    table = {fmt: quality_summary(r for r in recs.values() if r.ok) for fmt, recs in records.items()}
+    if not table:
+        return None
+    # The gate: a format stays out of `auto` only when the 95% interval of its paired difference
+    # from fp32 lies wholly below -MAX_DROP_POINTS (decoding/models/quality_gate.py).
+    reference = table.get("fp32", {}).get("first_line_exact")
+    for fmt, q in table.items():
+        if reference is not None and q["first_line_exact"] is not None:
+            q["drop_points"] = round(reference - q["first_line_exact"], 1)
+        if fmt == "fp32" or not fp32:
+            continue
+        paired = paired_difference(records[fmt], fp32)
+        if paired is not None:
+            q["versus_fp32"] = paired
+            q["passes_gate"] = paired["ci95"][1] >= -MAX_DROP_POINTS
+    return {"max_drop_points": MAX_DROP_POINTS, "formats": table,
+            "cases": max((q["quality_cases"] for q in table.values()), default=0),
+            "method": "first line of the raw completion equal to the removed code's first line (trailing "
+                      "spaces aside); similarity: difflib ratio over as many lines as were removed; "
+                      "versus_fp32: paired difference with a 95% bootstrap interval and McNemar's exact test"}
+
+
+def _records(rows: Sequence[dict]) -> dict[str, RunRecord]:
+    names = {f.name for f in fields(RunRecord)}
+    return {r["case_id"]: RunRecord(**{k: v for k, v in r.items() if k in names}) for r in rows}
+
+
+def merge_quality_runs(paths: Sequence[str]) -> dict:
+    """Several bench JSONs' scored records pooled per weight format into one quality table: each
+    run's timed plain rows (`none@FORMAT`, llama.cpp's `llamacpp-plain`) and its quality runs. The
+    runs must share the model and the prompt and generation settings; a case scored by more than one
+    run counts once (the first file's record). Raises ValueError when the runs cannot be pooled."""
+    merged: dict[str, dict[str, RunRecord]] = {}
+    runs, languages = [], {}
+    settings = ("target", "max_tokens", "context_tokens")
+    first = None
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        config = data.get("config", {})
+        mine = {k: config.get(k) for k in settings}
+        if first is None:
+            first = (path, mine)
+        elif mine != first[1]:
+            differ = ", ".join(f"{k} {first[1][k]} against {mine[k]}" for k in settings if mine[k] != first[1][k])
+            raise ValueError(f"{path} was run with other settings than {first[0]}: {differ}")
+        listed = {c["id"]: c["language"] for c in data.get("cases", []) + data.get("quality_cases", [])}
+        per_format: dict[str, list[dict]] = {}
+        for key, rows in data.get("runs", {}).items():
+            if key == "llamacpp-plain":
+                per_format.setdefault("llamacpp-q4", []).extend(rows)
+            elif key.startswith("none@") and "+" not in key:
+                per_format.setdefault(key.split("@", 1)[1], []).extend(rows)
+        for fmt, rows in data.get("quality_runs", {}).items():
+            per_format.setdefault("llamacpp-q4" if fmt == "llamacpp-plain" else fmt, []).extend(rows)
+        if not per_format:
+            raise ValueError(f"{path} has no scored records (no none@FORMAT rows or quality runs)")
+        added = 0
+        for fmt, rows in per_format.items():
+            into = merged.setdefault(fmt, {})
+            for case_id, record in _records(rows).items():
+                if case_id not in into:
+                    into[case_id] = record
+                    languages.setdefault(case_id, listed.get(case_id, case_id.split(":", 1)[0]))
+                    added += 1
+        runs.append({"file": Path(path).name, "command": config.get("command"), "date": config.get("date"),
+                     "records_added": added})
+    table = quality_table(merged)
+    if table is None:
+        raise ValueError("no scored records in " + ", ".join(paths))
+    counts: dict[str, int] = {}
+    for lang in languages.values():
+        counts[lang] = counts.get(lang, 0) + 1
+    table["languages"] = dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+    table["runs"] = runs
+    return {"config": {**first[1], "merged_from": runs}, "quality": table}
+
+
 def read_quality_reference(path: str, **settings) -> tuple[list[Case], list[Case], dict[str, RunRecord]]:
     """An earlier bench JSON's timed cases, quality cases and fp32's scored records of them (its timed
     `none@fp32` runs and its fp32 quality runs): fp32 is the slowest format, and greedy decoding of the
@@ -680,8 +742,7 @@ def read_quality_reference(path: str, **settings) -> tuple[list[Case], list[Case
     cases = [case_from_dict(d, where) for d in data.get("cases", [])]
     quality_cases = [case_from_dict(d, where) for d in data.get("quality_cases", [])]
     rows = list(data.get("runs", {}).get("none@fp32", [])) + list(data.get("quality_runs", {}).get("fp32", []))
-    names = {f.name for f in fields(RunRecord)}
-    records = {r["case_id"]: RunRecord(**{k: v for k, v in r.items() if k in names}) for r in rows}
+    records = _records(rows)
     missing = [c.id for c in cases + quality_cases if c.id not in records]
     if missing:
         raise ValueError(f"{path} has no fp32 record of {len(missing)} of its cases (e.g. {missing[0]})")

@@ -36,6 +36,23 @@ def _pct(x) -> str:
     return "–" if x is None else f"{100 * x:.0f}%"
 
 
+def quality_markdown(q: dict) -> list[str]:
+    """The quality table's lines: per format against the removed code and, paired, against fp32."""
+    lines = [f"Completion quality against the removed code ({q['method']}); a format may be chosen by "
+             f"`auto` unless the 95% interval of its paired difference from fp32 lies below "
+             f"-{q['max_drop_points']:g} points:", "",
+             "| weights | cases | first line exact | similarity | minus fp32 (points) | 95% interval | McNemar p | gate |",
+             "|---|---:|---:|---:|---:|---|---:|:---:|"]
+    for fmt, v in q["formats"].items():
+        gate = "–" if "passes_gate" not in v else ("pass" if v["passes_gate"] else "**fail**")
+        paired = v.get("versus_fp32") or {}
+        interval = f"[{paired['ci95'][0]:+.1f}, {paired['ci95'][1]:+.1f}]" if paired else "–"
+        lines.append(f"| {fmt} | {v['quality_cases']} | {_fmt(v['first_line_exact'], '.1f', '%')} | "
+                     f"{_fmt(v['similarity'], '.3f')} | {_fmt(paired.get('difference_points'), '+.1f')} | "
+                     f"{interval} | {_fmt(paired.get('mcnemar_p'), '.3f')} | {gate} |")
+    return lines
+
+
 def markdown(data: Mapping) -> str:
     cfg = data["config"]
     m = cfg.get("machine", {})
@@ -66,20 +83,8 @@ def markdown(data: Mapping) -> str:
             f"{_fmt(s['tokens_per_forward'], '.2f')} | {_pct(s.get('identical_rate_vs_family_plain'))} | "
             f"{_fmt(s.get('first_line_exact'), '.0f', '%')} | {_fmt(s.get('similarity'), '.2f')} |"
         )
-    q = data.get("quality")
-    if q:
-        lines += ["", f"Completion quality against the removed code ({q['method']}); a format may be chosen by "
-                      f"`auto` unless the 95% interval of its paired difference from fp32 lies below "
-                      f"-{q['max_drop_points']:g} points:", "",
-                  "| weights | cases | first line exact | similarity | minus fp32 (points) | 95% interval | McNemar p | gate |",
-                  "|---|---:|---:|---:|---:|---|---:|:---:|"]
-        for fmt, v in q["formats"].items():
-            gate = "–" if "passes_gate" not in v else ("pass" if v["passes_gate"] else "**fail**")
-            paired = v.get("versus_fp32") or {}
-            interval = f"[{paired['ci95'][0]:+.1f}, {paired['ci95'][1]:+.1f}]" if paired else "–"
-            lines.append(f"| {fmt} | {v['quality_cases']} | {_fmt(v['first_line_exact'], '.1f', '%')} | "
-                         f"{_fmt(v['similarity'], '.3f')} | {_fmt(paired.get('difference_points'), '+.1f')} | "
-                         f"{interval} | {_fmt(paired.get('mcnemar_p'), '.3f')} | {gate} |")
+    if data.get("quality"):
+        lines += [""] + quality_markdown(data["quality"])
     cfg_w = cfg.get("auto_weights")
     if cfg_w:
         lines += ["", f"`--weights auto` chose **{cfg_w}**: {cfg.get('auto_weights_reason')}"]

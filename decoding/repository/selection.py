@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from decoding.api import ContextFile
+from decoding.repository.imports import Imports, module_match, parse_imports, without_imports
 from decoding.repository.index import WINDOW_LINES, IndexedFile, WorkspaceIndex, family
 from decoding.repository.symbols import identifiers
 
@@ -31,7 +32,8 @@ LOOKUP_CHARS = 96 * 1024  # text the repository lookup drafter searches beyond t
 _COMMON = {"self", "this", "cls", "None", "True", "False", "null", "true", "false", "return", "def", "class", "if",
            "else", "elif", "for", "while", "in", "is", "not", "and", "or", "import", "from", "as", "const", "let",
            "var", "function", "new", "int", "str", "string", "void", "public", "private", "static", "fn",
-           "mut", "pub", "use", "func", "type", "struct", "with", "try", "except", "raise", "pass", "lambda"}
+           "mut", "pub", "use", "func", "type", "struct", "with", "try", "except", "raise", "pass", "lambda",
+           "ifdef", "ifndef", "endif", "define", "undef", "include", "pragma", "defined"}  # the C preprocessor's
 
 
 @dataclass(frozen=True)
@@ -61,23 +63,74 @@ class Selection:
         return [{"path": s.path, "line": s.first_line + 1, "chars": len(s.text), "why": s.why} for s in self.sections]
 
 
-_IMPORT_LINE = re.compile(r"^\s*(from\s+\S+\s+import\b|import\b|#\s*include\b|use\b|(const|let|var)\s+.*\brequire\s*\()")
+# a name, and the attribute after it where there is one (`name.attr`, `name->attr`)
+_ATTRIBUTE = re.compile(r"(?<![\w$.])(?<!->)([A-Za-z_$][\w$]*)(?:\s*(?:\.|->)\s*([A-Za-z_$][\w$]*))?")
 
 
-def _names_near_cursor(prefix: str, defined_here: set[str]) -> list[str]:
-    """Names used above and on the cursor's line, nearest last use first, then the names the file
-    imports (a use below the cursor is coming); the name being typed (the line's unfinished last
-    word) is left out, so the selection does not follow every keystroke."""
+def _names_near_cursor(prefix: str, defined_here: set[str], imports: Imports) -> list[tuple[str, str | None]]:
+    """(name, the module it comes from: None where unknown, "*" one of imports.star) for the names
+    worth a definition: those used above and on the cursor's line, nearest last use first; then the
+    names the file imports and does not use yet (a use is coming), then its other imports. Attributes
+    (`x.name`) are left out unless x is an imported module, and, where imports are the only way in
+    (imports.strict), so is a name the file neither imports nor defines (a builtin, a parameter, a
+    local). The name being typed (the line's unfinished last word) is left out, so the selection does
+    not follow every key."""
     all_lines = prefix.split("\n")
     lines = all_lines[-NEAR_LINES:]
     lines[-1] = re.sub(r"[A-Za-z0-9_]+$", "", lines[-1])
-    imports = [ln for ln in all_lines[:-NEAR_LINES] if _IMPORT_LINE.match(ln)]
-    seen: dict[str, None] = {}
-    for name in [*reversed(identifiers("\n".join(lines))), *identifiers("\n".join(imports))]:
+    near: list[tuple[str, str | None]] = []
+    for owner, attribute in reversed(_ATTRIBUTE.findall(without_imports("\n".join(lines), imports.language))):
+        if attribute:
+            module = imports.modules.get(owner)
+            if module is None and owner in imports.names and family(imports.language) == "python":
+                module = f"{imports.names[owner]}.{owner}".replace("..", ".")  # `from pkg import mod`
+            if module is not None:
+                near.append((attribute, module))
+        if owner in imports.names:
+            near.append((owner, imports.names[owner]))
+        elif imports.star and owner not in imports.modules:
+            near.append((owner, "*"))  # maybe from a module imported whole (`from m import *`)
+        elif not imports.strict and owner not in imports.modules:
+            near.append((owner, None))
+    used = set(identifiers(without_imports(prefix, imports.language)))
+    coming = [(n, m) for n, m in imports.names.items() if n not in used]
+    rest = [(n, m) for n, m in imports.names.items() if n in used]
+    seen: dict[str, str | None] = {}
+    for name, module in [*near, *coming, *rest]:
         # short lower-case names (`call`, `skip`) are defined all over a repository: not worth a section
         if name not in _COMMON and name not in defined_here and (len(name) > 4 or not name.islower()):
-            seen.setdefault(name, None)
-    return list(seen)
+            seen.setdefault(name, module)
+    return list(seen.items())
+
+
+def _definition(index: WorkspaceIndex, name: str, module: str | None, current: str, language: str,
+                imports: Imports):
+    """The definition of `name` to show, or None: where the file says which module it comes from,
+    that module's (none if no workspace file is that module: it is a library's); else the one in a
+    header the file includes, else the one nearest the current file in the tree."""
+    mine = family(language)
+    found = [d for d in index.defined(name) if d.path != current and d.path in index.files
+             and family(index.files[d.path].language) == mine]
+    if not found:
+        return None
+    nearest = lambda d: (_shared_dirs(d.path, current), -len(d.path))  # noqa: E731
+    roots = tuple(folder.name for folder in index.folders)
+    if module is not None:
+        modules = imports.star if module == "*" else [module]
+        scored = [(max(module_match(m, d.path, current, language, roots) for m in modules), d) for d in found]
+        best = max(score for score, _ in scored)
+        if best:
+            return max((d for score, d in scored if score == best), key=nearest)
+        # a package of the workspace that re-exports the name (`from pkg import name`, defined in
+        # pkg/impl.py); a module outside the workspace (a library's) has nothing to show
+        inside = any(m.startswith(".") or m.replace("/", ".").split(".")[0] in roots for m in modules)
+        return max(found, key=nearest) if inside else None
+    if imports.headers:
+        scored = [(max(module_match(h, d.path, current, language) for h in imports.headers), d) for d in found]
+        best = max(score for score, _ in scored)
+        if best:
+            return max((d for score, d in scored if score == best), key=nearest)
+    return max(found, key=nearest)
 
 
 def _shared_dirs(a: str, b: str) -> int:
@@ -106,6 +159,7 @@ def select(index: WorkspaceIndex, current: str, language: str, prefix: str, budg
     mine = family(language)
     here = next((f for f in files if f.path == current), None)
     defined_here = {d.name for d in here.definitions} if here else set()
+    imports = parse_imports(prefix, language)
     sections: list[Section] = []
     used = 0
 
@@ -115,11 +169,9 @@ def select(index: WorkspaceIndex, current: str, language: str, prefix: str, budg
             sections.append(section)
             used += len(section.text) + len(section.path) + 8
 
-    for name in _names_near_cursor(prefix, defined_here):
-        found = [d for d in index.defined(name) if d.path != current and d.path in index.files
-                 and family(index.files[d.path].language) == mine]
-        if found:  # where several files define it, the one nearest the current file in the tree
-            d = max(found, key=lambda d: (_shared_dirs(d.path, current), -len(d.path)))
+    for name, module in _names_near_cursor(prefix, defined_here, imports):
+        d = _definition(index, name, module, current, language, imports)
+        if d is not None:
             add(Section(d.path, d.line, d.text, f"defines {name}"))
     query = _query(prefix)
     scored = [(score, f, start) for score, f, start in index.similar(query)

@@ -48,6 +48,11 @@ class StaticRunner(OneLiveCache):
         return "compiled" if self.compiled is not None else "eager"
 
     @property
+    def forward_widths(self) -> tuple[int, ...] | None:
+        """The row counts the live compiled graphs run (a draft is padded to the next); None: eager."""
+        return self.compiled.widths if self.compiled is not None else None
+
+    @property
     def max_positions(self) -> int:
         """Positions the cache holds without growing (the exactness probe tests near it)."""
         return self.model.max_len

@@ -212,3 +212,41 @@ def test_quality_reference_pairs_a_new_run_with_an_earlier_runs_fp32_records(rep
     path.write_text(json.dumps(earlier))
     with pytest.raises(ValueError, match="no fp32 record of 1"):
         read_quality_reference(str(path), max_tokens=24, context_tokens=512)
+
+
+def test_quality_merge_pools_runs_counts_a_case_once_and_refuses_other_settings(tmp_path):
+    import json
+
+    from decoding.bench.harness import merge_quality_runs
+
+    def record(fmt, case_id, right):
+        return {"mode": f"auto@{fmt}", "case_id": case_id, "language": case_id.split(":")[0], "text": "x",
+                "first_line_exact": right, "similarity": 0.5 + 0.5 * right}
+
+    def run(path, ids, fp32_right, int4_right, **config):
+        cases = [{"id": i, "language": i.split(":")[0]} for i in ids]
+        data = {"config": {"target": "m", "max_tokens": 24, "context_tokens": 512, "command": "draftwise bench",
+                           **config},
+                "cases": cases[:1], "quality_cases": cases[1:],
+                "runs": {"none@fp32": [record("fp32", ids[0], fp32_right[0])],
+                         "none@int4": [record("int4", ids[0], int4_right[0])],
+                         "auto@int4": [record("int4", ids[0], False)]},  # a drafting row is not a plain one
+                "quality_runs": {"fp32": [record("fp32", i, r) for i, r in zip(ids[1:], fp32_right[1:])],
+                                 "int4": [record("int4", i, r) for i, r in zip(ids[1:], int4_right[1:])]}}
+        path.write_text(json.dumps(data))
+        return str(path)
+
+    a = run(tmp_path / "a.json", ["c:a:1", "py:b:2", "py:c:3"], [True, True, False], [True, False, False])
+    # the second run scored c:a:1 again (a different record: the first file's counts) and two more cases
+    b = run(tmp_path / "b.json", ["c:a:1", "js:d:4", "js:e:5"], [False, True, True], [False, True, False])
+    merged = merge_quality_runs([a, b])
+    q = merged["quality"]
+    assert q["cases"] == 5 and q["languages"] == {"py": 2, "js": 2, "c": 1}
+    assert q["formats"]["fp32"]["first_line_exact"] == 80.0  # c:a:1 True (from a), b True, c False, d True, e True
+    assert q["formats"]["int4"]["first_line_exact"] == 40.0
+    paired = q["formats"]["int4"]["versus_fp32"]
+    assert paired["cases"] == 5 and paired["only_reference_right"] == 2 and paired["only_this_right"] == 0
+    assert [r["records_added"] for r in q["runs"]] == [6, 4]
+    c = run(tmp_path / "c.json", ["py:f:6"], [True], [True], max_tokens=48)
+    with pytest.raises(ValueError, match="max_tokens 24 against 48"):
+        merge_quality_runs([a, c])

@@ -270,6 +270,22 @@ def test_the_gate_keeps_a_format_out_only_when_its_interval_says_it_loses_more_t
     assert quality_gate.verdicts(entry) == {"fp32": True, "int8": True, "int4": False}
 
 
+def test_the_gates_figures_are_the_committed_runs():
+    """quality_gate.MEASURED is copied from a bench run by hand: it must say what that run's JSON says."""
+    import json
+    from pathlib import Path
+
+    entry = quality_gate.MEASURED["qwen2.5-coder-0.5b"]
+    run = json.loads((Path(__file__).parents[2] / "docs/bench/quality-0.5b-405.json").read_text())["quality"]
+    assert entry["cases"] == run["cases"] >= 400
+    for fmt, figures in run["formats"].items():
+        assert entry["first_line_exact"][fmt] == figures["first_line_exact"]
+        assert entry["similarity"][fmt] == figures["similarity"]
+        if fmt != "fp32":
+            assert entry["versus_fp32"][fmt]["ci95"] == figures["versus_fp32"]["ci95"]
+            assert quality_gate.verdicts(entry)[fmt] == figures["passes_gate"]
+
+
 def test_paired_difference_interval_and_mcnemar():
     from decoding.bench.metrics import RunRecord, paired_difference
 

@@ -153,3 +153,49 @@ def test_the_selection_stays_while_the_user_types_on_the_same_lines(workspace):
     assert selector.for_request("doc", "pkg/new.py", "python", far, 400) is not first
     assert selector.counts == {"made": 2, "kept": 4}
     index.close()
+
+
+def test_imports_are_read_over_several_lines_and_name_the_file_a_definition_comes_from():
+    from decoding.repository.imports import module_match, parse_imports
+
+    py = parse_imports("from uvicorn._types import (\n    ASGI3Application,\n    HTTPScope,  # the scope\n)\n"
+                       "from . import segment\nfrom .console import Console as C\nimport os.path, json as j\n"
+                       "from helpers import *\n", "python")
+    assert py.names == {"ASGI3Application": "uvicorn._types", "HTTPScope": "uvicorn._types", "segment": ".",
+                        "C": ".console"}
+    assert py.modules == {"os": "os.path", "j": "json"} and py.star == ["helpers"] and py.strict
+    js = parse_imports("import React, { useState,\n  type Props as P } from 'react';\n"
+                       "import * as u from './utils/index.js';\nconst { a, b: c } = require('../lib/a');\n",
+                       "typescript")
+    assert js.names == {"React": "react", "useState": "react", "P": "react", "a": "../lib/a", "c": "../lib/a"}
+    assert js.modules == {"u": "./utils/index.js"}
+    assert parse_imports('#include "pycore_gc.h"\n#include <linux/types.h>\n', "c").headers == [
+        "pycore_gc.h", "linux/types.h"]
+    # the workspace is the folder `uvicorn`: its module uvicorn._types is the file _types.py
+    assert module_match("uvicorn._types", "_types.py", "protocols/http/h11.py", "python", ("uvicorn",)) == 2
+    assert module_match("uvicorn._types", "protocols/_types.py", "a.py", "python", ("uvicorn",)) == 1
+    assert module_match("typing", "_types.py", "a.py", "python", ("uvicorn",)) == 0
+    assert module_match("http", "__init__.py", "server.py", "python", ("http",)) == 1
+    assert module_match("..console", "rich/console.py", "rich/x/table.py", "python") == 2
+    assert module_match("./utils/index.js", "src/utils/index.ts", "src/app.ts", "typescript") == 2
+    assert module_match("linux/types.h", "include/linux/types.h", "x.c", "c") == 2
+
+
+def test_the_selection_shows_the_imported_definition_not_a_namesake_and_skips_locals(tmp_path):
+    root = tmp_path / "shop"
+    (root / "orders").mkdir(parents=True)
+    (root / "models.py").write_text("class Order:\n    id: int\n    total: float\n\n\n"
+                                    "def checkout(order: Order) -> float:\n    return order.total\n")
+    (root / "orders" / "models.py").write_text("class Order:\n    '''a namesake in another package'''\n")
+    (root / "legacy.py").write_text("def compute_total(x):\n    return x\n\n\ndef render(x):\n    return x\n")
+    (root / "orders" / "view.py").write_text("")
+    index = built(root)
+    prefix = ("from shop.models import (\n    Order,\n    checkout,\n)\n\n\n"
+              "def view(request):\n    compute_total = 3\n    item = request.render(compute_total)\n"
+              "    order = Order()\n    return ")
+    selection = select(index, "orders/view.py", "python", prefix, budget_tokens=400)
+    defined = {(s.path, s.why) for s in selection.sections if s.why.startswith("defines")}
+    # Order comes from shop/models.py, though orders/models.py sits nearer; checkout is imported and
+    # not used yet (a use is coming); compute_total is a local and render an attribute: no sections
+    assert defined == {("models.py", "defines Order"), ("models.py", "defines checkout")}
+    index.close()
