@@ -162,9 +162,9 @@ def test_a_runner_on_compiled_graphs_is_timed_at_its_widths(tiny_model_dir):
 
 
 def test_on_a_long_cache_verify_rows_cost_more_and_a_marginal_draft_stops_paying():
-    """Timed on a 128- and a 512-token cache (the 0.5B, int4, compiled, this machine's kind: 2 rows over
-    1 went from 1.23x to 1.42x by 1,024 tokens): a one-token lookup draft that pays on a short prompt
-    loses on a long one, and the model must know it."""
+    """Timed on a 128- and a 512-token cache (made-up times, shaped like the 0.5B int4's: forwards cost
+    more on a longer cache, verify rows more than a step): a one-token lookup draft that pays on a
+    short prompt loses on a long one, and the model must know it."""
     short = {1: 0.030, 2: 0.037, 4: 0.044, 8: 0.052, 16: 0.068}
     long_ = {1: 0.036, 2: 0.048, 4: 0.052, 8: 0.064, 16: 0.085}
     t = ForwardTimes(dict(short), (1, 2, 4, 8, 16), dict(long_), (128, 512))
