@@ -72,8 +72,6 @@ class ForwardTimes:
         if n > max(self.by_tokens):  # a prompt read: not a width drafts are priced at
             return
         predicted = self(n, length)
-        if predicted <= 0:
-            return
         tables = [self.by_tokens] + ([self.longer] if self.longer is not None else [])
         level = 1.0 + 0.5 * weight * (seconds / predicted - 1.0)
         for table in tables:

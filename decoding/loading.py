@@ -26,7 +26,6 @@ def long_cache(runner) -> int | None:
     return LONG_CACHE if limit is None else min(LONG_CACHE, limit - 32)
 
 
-
 @dataclass
 class LoadedModels:
     target: Any  # decoding.models.loading.LoadedModel

@@ -23,6 +23,7 @@ import random
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -413,8 +414,7 @@ class Bench:
         records = {("llamacpp-q4" if fmt == "llamacpp-plain" else fmt): self._quality_records(fmt)
                    for fmt in [f for f in list(self.engines) if f is not None] + ["llamacpp-plain"]}
         records = {fmt: recs for fmt, recs in records.items() if recs}
-        reference = records.get("fp32") or self.quality_reference
-        table = quality_table(records, reference)
+        table = quality_table(records, self.quality_reference)
         if table and "fp32" not in records and self.quality_reference:
             table["formats"]["fp32"]["from"] = "an earlier run (--quality-reference)"
         return table
@@ -714,10 +714,7 @@ def merge_quality_runs(paths: Sequence[str]) -> dict:
     table = quality_table(merged)
     if table is None:
         raise ValueError("no scored records in " + ", ".join(paths))
-    counts: dict[str, int] = {}
-    for lang in languages.values():
-        counts[lang] = counts.get(lang, 0) + 1
-    table["languages"] = dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+    table["languages"] = dict(Counter(languages.values()).most_common())
     table["runs"] = runs
     return {"config": {**first[1], "merged_from": runs}, "quality": table}
 
