@@ -34,13 +34,14 @@ log = logging.getLogger(__name__)
 WIDTHS = (1, 2, 4, 8, 16)  # rows per compiled forward: a decode step, and drafts padded up
 
 
-def _step(model: StaticDecoder, ids: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor,
+def _step(model: StaticDecoder, x: torch.Tensor, pos: torch.Tensor, visible: torch.Tensor,
           k_layers: list[torch.Tensor], v_layers: list[torch.Tensor]) -> torch.Tensor:
-    """StaticDecoder.forward for rows that share one window (visible: [1, group * n, window]): keys
-    and values written by index (positions as a tensor: one graph for every start), float logits of
-    every row."""
+    """StaticDecoder.forward for rows that share one window (visible: [1, group * n, window]) from
+    their embeddings x: keys and values written by index (positions as a tensor: one graph for every
+    start), float logits of every row. The embedding is looked up outside the graph: fused with the
+    first norm, a gather from the packed table of a tied lm_head made the one-row graph sum that norm
+    in another order than the wider ones (the tiny model: 7e-7 apart at one position)."""
     m, window = model, visible.shape[-1]
-    x = m.embed(ids).to(m.dtype)
     cos, sin = m.cos[pos].unsqueeze(1), m.sin[pos].unsqueeze(1)
     for i, block in enumerate(m.blocks):
         rows, k, v = m.attention_inputs(block, x, cos, sin)
@@ -93,7 +94,8 @@ class CompiledForward:
         padded = torch.tensor(ids + [ids[-1]] * (width - n), dtype=torch.long)
         visible = self.model.visible(pos, window)
         torch._dynamo.mark_dynamic(visible, 2)
-        return self._fn(padded, pos, visible, k_layers, v_layers)[:n]
+        x = self.model.embed(padded).to(self.model.dtype)
+        return self._fn(x, pos, visible, k_layers, v_layers)[:n]
 
     def forward(self, ids: list[int], start: int, keep: int, caches=None) -> torch.Tensor:
         """Like StaticDecoder.forward (rows at positions start..), on the compiled graphs."""

@@ -1,4 +1,5 @@
-// int4 weights x int8 activations for the static forward's linears (decoding/models/q4_kernel.py).
+// int4 weights x int8 activations for the static forward's linears (decoding/models/q4_kernel.py),
+// and int8 weights x int8 activations for Int8Linear's (below, q8_linear).
 //
 // Why a kernel of our own: ATen's int4 CPU kernel reads the 0.5B's int4 layers at ~10 GB/s for one
 // row (it unpacks to bf16 and multiplies in floats), slower than int8's `_int_mm` on twice the
@@ -98,7 +99,119 @@ inline void block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo,
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], _mm512_mul_ps(facc[r], _mm512_set1_ps(xs[r])));
 }
 
+// ---- int8 weights x int8 activations: Int8Linear where this file builds ---------------------------
+//
+// Why: oneDNN's `_int_mm` reads the 0.5B's int8 weights at ~15 GB/s for one row and 6-10 GB/s for
+// the 4..16 rows of a verify forward (its small-M path), while a step's time should be the weights'
+// bytes at the memory's speed. Here the q4 kernel's scheme with 8-bit codes: outputs in blocks of 16
+// (one 32-bit lane each), each activation's 4 bytes broadcast against 64 bytes of weights by one
+// `vpdpbusd`, no horizontal sums. VNNI multiplies unsigned by signed bytes, so activations go in
+// offset by 128 and 128 x each output's weight sum comes off again.
+//
+// Exact: the integer sums equal `_int_mm`'s (integers add up alike in any order) and the epilogue is
+// Int8Linear's, (float(sum) * x_scale) * w_scale, so the result is bit for bit the one `_int_mm`
+// gives, at every width.
+//
+// Layout (q4_kernel.py: pack_int8): for block b and step s, 64 bytes: lane j's 4 bytes are the weights
+// of output 16b+j at inputs 4s..4s+3.
+
+// Int8Linear's rule (quantize_row above), stored as code + 128.
+void quantize_row_u8(const float* r, int64_t k, uint8_t* u, float* scale) {
+  __m512 vmax = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(r + i)));
+  float amax = _mm512_reduce_max_ps(vmax);
+  for (; i < k; ++i) amax = std::max(amax, std::fabs(r[i]));
+  const float s = std::max(amax / 127.0f, 1e-12f);
+  *scale = s;
+  const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
+  const __m512i offset = _mm512_set1_epi32(128);
+  for (i = 0; i + 16 <= k; i += 16) {
+    __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(r + i), vs),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(u + i),
+                     _mm512_cvtusepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(v), offset)));
+  }
+  for (; i < k; ++i) {
+    float v = std::nearbyint(r[i] / s);
+    u[i] = static_cast<uint8_t>(static_cast<int>(std::min(127.f, std::max(-127.f, v))) + 128);
+  }
+}
+
+// One block of 16 outputs for R rows: each 64 bytes of weights is loaded once for all R.
+template <int R>
+inline void q8_block_rows(const int8_t* w, const uint8_t* const* u, int64_t k, __m512i* acc) {
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+  for (int64_t s = 0; s < k / 4; ++s) {
+    const __m512i v = _mm512_loadu_si512(w + s * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t x4;
+      std::memcpy(&x4, u[r] + s * 4, 4);
+      acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(x4), v);
+    }
+  }
+}
+
 }  // namespace
+
+// x [M, K] float32; packed [N/16, K/4, 64] int8; weight_sums [N] int32 (each output's weight sum);
+// scale [N] float32 -> [M, N] float32 = (float(int8(x) . w) * x_scale) * scale
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_sums,
+                     const at::Tensor& scale) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "q8_linear: x must be [M, K] float32");
+  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 3 && packed.size(2) == 64 &&
+              packed.is_contiguous(), "q8_linear: packed must be contiguous [N/16, K/4, 64] int8");
+  const auto xc = x.contiguous();
+  const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0), n = blocks * 16;
+  TORCH_CHECK(packed.size(1) * 4 == k, "q8_linear: shapes");
+  TORCH_CHECK(weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n && weight_sums.is_contiguous() &&
+              scale.scalar_type() == at::kFloat && scale.numel() == n && scale.is_contiguous(),
+              "q8_linear: weight_sums int32 [N] and scale float32 [N]");
+  auto out = at::empty({m, n}, xc.options());
+  auto xu = at::empty({m, k}, xc.options().dtype(at::kByte));
+  auto xs = at::empty({m}, xc.options());
+  const float* xp = xc.data_ptr<float>();
+  uint8_t* up = xu.data_ptr<uint8_t>();
+  float* sp = xs.data_ptr<float>();
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) quantize_row_u8(xp + r * k, k, up + r * k, sp + r);
+  });
+  const int8_t* w = packed.data_ptr<int8_t>();
+  const int32_t* ws = weight_sums.data_ptr<int32_t>();
+  const float* sc = scale.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  // blocks split among threads; a block's weights stay in cache while every row reads them
+  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+    __m512i acc[ROWS];
+    for (int64_t b = begin; b < end; ++b) {
+      const __m512i offset = _mm512_mullo_epi32(_mm512_loadu_si512(ws + b * 16), _mm512_set1_epi32(128));
+      const __m512 wscale = _mm512_loadu_ps(sc + b * 16);
+      const int8_t* wb = w + b * k * 16;
+      for (int64_t r = 0; r < m; r += ROWS) {
+        const int take = static_cast<int>(std::min<int64_t>(ROWS, m - r));
+        const uint8_t* ur[ROWS];
+        for (int j = 0; j < take; ++j) ur[j] = up + (r + j) * k;
+        switch (take) {
+          case 8: q8_block_rows<8>(wb, ur, k, acc); break;
+          case 7: q8_block_rows<7>(wb, ur, k, acc); break;
+          case 6: q8_block_rows<6>(wb, ur, k, acc); break;
+          case 5: q8_block_rows<5>(wb, ur, k, acc); break;
+          case 4: q8_block_rows<4>(wb, ur, k, acc); break;
+          case 3: q8_block_rows<3>(wb, ur, k, acc); break;
+          case 2: q8_block_rows<2>(wb, ur, k, acc); break;
+          default: q8_block_rows<1>(wb, ur, k, acc); break;
+        }
+        for (int j = 0; j < take; ++j) {
+          const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], offset));
+          _mm512_storeu_ps(o + (r + j) * n + b * 16,
+                           _mm512_mul_ps(_mm512_mul_ps(sum, _mm512_set1_ps(sp[r + j])), wscale));
+        }
+      }
+    }
+  });
+  return out;
+}
 
 // x [M, K] float32; packed [N/16, K/8, 64] uint8; scales, lows [N/16, K/group, 16] fp16 -> [M, N] float32
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
@@ -160,8 +273,10 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
 
 TORCH_LIBRARY(draftwise, lib) {
   lib.def("q4_linear(Tensor x, Tensor packed, Tensor scales, Tensor lows, int group) -> Tensor");
+  lib.def("q8_linear(Tensor x, Tensor packed, Tensor weight_sums, Tensor scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(draftwise, CPU, lib) {
   lib.impl("q4_linear", &q4_linear);
+  lib.impl("q8_linear", &q8_linear);
 }

@@ -1,8 +1,9 @@
-"""int4 weights x int8 activations on AVX-512 VNNI: q4_kernel.cpp, built once per machine kind.
+"""int4 and int8 weights x int8 activations on AVX-512 VNNI: q4_kernel.cpp, built once per machine kind.
 
 The int4 format's linears run here where the CPU has AVX-512 VNNI (and a C++ compiler is present),
-else on ATen's int4 kernel (decoding/models/weights.py: Int4Linear). Why, and the layout: the .cpp
-file's header. The extension is built by torch's cpp_extension (ninja) into
+else on ATen's int4 kernel (decoding/models/weights.py: Int4Linear); so do Int8Linear's (the int8
+format's layers, both quantized formats' lm_head), else on `torch._int_mm`, to the same bits. Why,
+and the layouts: the .cpp file's comments. The extension is built by torch's cpp_extension (ninja) into
 $DRAFTWISE_HOME/extensions the first time (~40 s on 2 cores) and loaded from there afterwards.
 """
 from __future__ import annotations
@@ -65,6 +66,10 @@ def problem() -> str | None:
 def _register_fake() -> None:
     @torch.library.register_fake("draftwise::q4_linear")
     def _(x, packed, scales, lows, group):
+        return x.new_empty((x.shape[0], packed.shape[0] * BLOCK))
+
+    @torch.library.register_fake("draftwise::q8_linear")
+    def _(x, packed, weight_sums, scale):
         return x.new_empty((x.shape[0], packed.shape[0] * BLOCK))
 
 
@@ -137,6 +142,30 @@ def unpack(packed: torch.Tensor, scales: torch.Tensor, lows: torch.Tensor, group
 
 def fits(out_features: int, in_features: int, group: int = GROUP) -> bool:
     return out_features % BLOCK == 0 and in_features % group == 0
+
+
+def fits_int8(out_features: int, in_features: int) -> bool:
+    return out_features % BLOCK == 0 and in_features % 4 == 0
+
+
+def pack_int8(qweight: torch.Tensor) -> torch.Tensor:
+    """int8 weights [N, K] in q8_linear's layout [N/16, K/4, 64]: per block of 16 outputs and step of 4
+    inputs, lane j's 4 bytes are output 16b+j's weights at those inputs."""
+    n, k = qweight.shape
+    return qweight.reshape(n // BLOCK, BLOCK, k // 4, 4).permute(0, 2, 1, 3).reshape(n // BLOCK, k // 4, 64).contiguous()
+
+
+def unpack_int8(packed: torch.Tensor) -> torch.Tensor:
+    """pack_int8's inverse: [N, K]."""
+    blocks, steps, _ = packed.shape
+    return packed.reshape(blocks, steps, BLOCK, 4).permute(0, 2, 1, 3).reshape(blocks * BLOCK, steps * 4)
+
+
+def int8_rows_of(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of pack_int8's weights, [*ids.shape, K] (an embedding tied to a packed lm_head)."""
+    blocks, steps, _ = packed.shape
+    rows = packed.view(blocks, steps, BLOCK, 4)[ids // BLOCK, :, ids % BLOCK, :]  # [*ids.shape, K/4, 4]
+    return rows.reshape(*ids.shape, steps * 4)
 
 
 PACK_VERSION = 2  # bump when pack() changes: packed weights kept on disk are made again

@@ -98,3 +98,42 @@ def test_packed_weights_are_kept_on_disk_by_their_content(tmp_path, monkeypatch)
     other = nn.Linear(256, 96).weight
     assert not torch.equal(q4_kernel.cached_pack(other)[0], first[0])
     assert len(list((tmp_path / "packed").iterdir())) == 2
+
+
+def _int_mm_reference(layer, x: torch.Tensor) -> torch.Tensor:
+    """Int8Linear's arithmetic on `torch._int_mm`, as it runs where the VNNI kernel does not."""
+    weight = q4_kernel.unpack_int8(layer.qweight)
+    scale = (x.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
+    xq = torch.round(x / scale).clamp(-127, 127).to(torch.int8)
+    return torch._int_mm(xq, weight.t()).float() * scale * layer.scale + layer.bias
+
+
+def test_the_int8_kernel_gives_int_mms_bits_at_every_width():
+    """Int8Linear on the VNNI kernel (q8_linear): bit for bit `_int_mm`'s result, one row or many
+    (up to a prompt chunk's), so int8's texts and the quality gate's figures do not move with it,
+    and each row of a verify forward is a decode step's."""
+    from decoding.models.weights import Int8Linear
+
+    torch.manual_seed(2)
+    dense = nn.Linear(324, 160)  # 324 inputs: not a multiple of 64
+    layer = Int8Linear.from_linear(dense)
+    assert layer.vnni and layer.qweight.shape == (10, 81, 64)
+    x = torch.randn(70, 324) * torch.linspace(0.01, 30, 70)[:, None]
+    with torch.inference_mode():
+        ones = torch.cat([layer(x[i:i + 1]) for i in range(70)])
+        for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 64, 70):
+            assert torch.equal(layer(x[:n]), _int_mm_reference(layer, x[:n])), f"{n} rows"
+            assert torch.equal(layer(x[:n]), ones[:n]), f"{n} rows against one at a time"
+
+
+def test_an_embedding_tied_to_a_packed_lm_head_reads_its_rows():
+    from decoding.models.weights import Int8Embedding, Int8Linear, int8_rows
+
+    table = nn.Embedding(48, 64)
+    head = Int8Linear(*int8_rows(table.weight), None)
+    tied = Int8Embedding.tied_to(head)
+    assert tied.qweight.data_ptr() == head.qweight.data_ptr()
+    ids = torch.tensor([[0, 15, 16, 47], [3, 3, 31, 32]])
+    q, s = int8_rows(table.weight)
+    assert torch.equal(tied(ids), nn.functional.embedding(ids, q).float() * s[ids].unsqueeze(-1))
+    assert torch.equal(q4_kernel.unpack_int8(head.qweight), q)
