@@ -271,7 +271,8 @@ class Engine:
             # the compile setting and where compiling stands: off, compiling, built, live, failed: why
             "compile": {"setting": self.config.compile,
                         "state": getattr(m.target_runner, "compile_state", "off") if m else "off",
-                        "seconds": getattr(m.target_runner, "compile_seconds", None) if m else None},
+                        "seconds": getattr(m.target_runner, "compile_seconds", None) if m else None,
+                        "oneThread": bool(m and getattr(m.target_runner, "compiled_one_thread", False))},
             # drafts are verified bit for bit (the exactness probe's widest exact width), or not at all
             "verify": ({"exact_width": m.target_runner.exact_width, "lossless": m.target_runner.verify_exact}
                        if m else None),

@@ -48,6 +48,12 @@ class StaticRunner(OneLiveCache):
         return "compiled" if self.compiled is not None else "eager"
 
     @property
+    def compiled_one_thread(self) -> bool:
+        """Whether the graphs (live or built) run inductor's kernels on one thread (see CompiledForward)."""
+        graphs = self.compiled or self.built
+        return bool(graphs is not None and graphs.one_thread)
+
+    @property
     def forward_widths(self) -> tuple[int, ...] | None:
         """The row counts the live compiled graphs run (a draft is padded to the next); None: eager."""
         return self.compiled.widths if self.compiled is not None else None
@@ -61,15 +67,20 @@ class StaticRunner(OneLiveCache):
     def start_compiling(self, on_built=None, widths=None) -> threading.Thread:
         """Build the compiled graphs on a thread of its own (minutes the first time on a CPU, seconds
         from inductor's cache later); on_built() is called when they are ready to go live."""
-        from decoding.models.compiled_forward import WIDTHS, CompiledForward
+        from decoding.models.compiled_forward import WIDTHS, CompiledForward, NotExact
 
         self.compile_state = "compiling"
 
         def build() -> None:
             started = time.perf_counter()
             try:
-                compiled = CompiledForward(self.model, widths or WIDTHS)
-                compiled.build(pause=self._no_request.wait)
+                try:
+                    compiled = CompiledForward(self.model, widths or WIDTHS)
+                    compiled.build(pause=self._no_request.wait)
+                except NotExact as exc:
+                    log.info("compiled forward: %s; building again with its kernels on one thread", exc)
+                    compiled = CompiledForward(self.model, widths or WIDTHS, one_thread=True)
+                    compiled.build(pause=self._no_request.wait)
             except Exception as exc:  # noqa: BLE001 - the eager path goes on serving
                 self.compile_state = f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
                 log.warning("compiled forward not used: %s", self.compile_state)
