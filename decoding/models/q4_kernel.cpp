@@ -24,10 +24,11 @@
 namespace {
 
 // Int8Linear's rule: one scale a row (its largest magnitude maps to 127), round half to even. 16 values
-// an instruction: the same division, rounding and clamping per value as scalar code, and a maximum and
-// integer sums, whose order changes nothing, so a row quantizes the same however it is computed.
+// an instruction: the same division, rounding and clamping per value as scalar code, and a maximum,
+// whose order changes nothing, so a row quantizes the same however it is computed. Codes are written
+// as bytes, code + offset: 0 for signed codes (the int4 kernel), 128 for VNNI's unsigned operand (q8).
 // (Unvectorized, this took about a third of a 256-token prompt chunk's kernel time, on one thread.)
-void quantize_row(const float* r, int64_t k, int64_t group, int8_t* q, float* scale, int32_t* group_sums) {
+void quantize_row_bytes(const float* r, int64_t k, int32_t offset, uint8_t* out, float* scale) {
   __m512 vmax = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(r + i)));
@@ -36,16 +37,24 @@ void quantize_row(const float* r, int64_t k, int64_t group, int8_t* q, float* sc
   const float s = std::max(amax / 127.0f, 1e-12f);
   *scale = s;
   const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
+  const __m512i voffset = _mm512_set1_epi32(offset);
   for (i = 0; i + 16 <= k; i += 16) {
     __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(r + i), vs),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(v)));
+    // codes are within -127..127, so the low byte of code + offset is the byte wanted either way
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
+                     _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(v), voffset)));
   }
   for (; i < k; ++i) {
     float v = std::nearbyint(r[i] / s);
-    q[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+    out[i] = static_cast<uint8_t>(static_cast<int32_t>(std::min(127.f, std::max(-127.f, v))) + offset);
   }
+}
+
+// The int4 kernel's rows: signed codes, and each group's sum of codes.
+void quantize_row(const float* r, int64_t k, int64_t group, int8_t* q, float* scale, int32_t* group_sums) {
+  quantize_row_bytes(r, k, 0, reinterpret_cast<uint8_t*>(q), scale);
   for (int64_t g = 0; g < k / group; ++g) {
     int32_t sum = 0;
     for (int64_t j = 0; j < group; ++j) sum += q[g * group + j];
@@ -115,30 +124,6 @@ inline void block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo,
 // Layout (q4_kernel.py: pack_int8): for block b and step s, 64 bytes: lane j's 4 bytes are the weights
 // of output 16b+j at inputs 4s..4s+3.
 
-// Int8Linear's rule (quantize_row above), stored as code + 128.
-void quantize_row_u8(const float* r, int64_t k, uint8_t* u, float* scale) {
-  __m512 vmax = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16) vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(r + i)));
-  float amax = _mm512_reduce_max_ps(vmax);
-  for (; i < k; ++i) amax = std::max(amax, std::fabs(r[i]));
-  const float s = std::max(amax / 127.0f, 1e-12f);
-  *scale = s;
-  const __m512 vs = _mm512_set1_ps(s), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
-  const __m512i offset = _mm512_set1_epi32(128);
-  for (i = 0; i + 16 <= k; i += 16) {
-    __m512 v = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(r + i), vs),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    v = _mm512_min_ps(hi, _mm512_max_ps(lo, v));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(u + i),
-                     _mm512_cvtusepi32_epi8(_mm512_add_epi32(_mm512_cvtps_epi32(v), offset)));
-  }
-  for (; i < k; ++i) {
-    float v = std::nearbyint(r[i] / s);
-    u[i] = static_cast<uint8_t>(static_cast<int>(std::min(127.f, std::max(-127.f, v))) + 128);
-  }
-}
-
 // One block of 16 outputs for R rows: each 64 bytes of weights is loaded once for all R.
 template <int R>
 inline void q8_block_rows(const int8_t* w, const uint8_t* const* u, int64_t k, __m512i* acc) {
@@ -175,7 +160,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   uint8_t* up = xu.data_ptr<uint8_t>();
   float* sp = xs.data_ptr<float>();
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) quantize_row_u8(xp + r * k, k, up + r * k, sp + r);
+    for (int64_t r = begin; r < end; ++r) quantize_row_bytes(xp + r * k, k, 128, up + r * k, sp + r);
   });
   const int8_t* w = packed.data_ptr<int8_t>();
   const int32_t* ws = weight_sums.data_ptr<int32_t>();

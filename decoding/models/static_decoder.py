@@ -145,7 +145,7 @@ class StaticDecoder(nn.Module):
         table = inner.embed_tokens.weight
         if isinstance(self.lm_head, Int8Linear):
             tied = head.data_ptr() == table.data_ptr() and self.lm_head.bias is None
-            self.embed = Int8Embedding.tied_to(self.lm_head) if tied else \
+            self.embed = Int8Embedding(self.lm_head.qweight, self.lm_head.scale) if tied else \
                 Int8Embedding(*int8_rows(table))
         else:
             self.embed = nn.Embedding.from_pretrained(table.detach().to(self.dtype).clone())

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from decoding.api import WEIGHT_FORMATS
+from decoding.models import q4_kernel
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +74,6 @@ class Int8Linear(nn.Module):
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        from decoding.models import q4_kernel
-
         self.out_features, self.in_features = qweight.shape
         self.vnni = q4_kernel.load() and q4_kernel.fits_int8(self.out_features, self.in_features)
         if self.vnni:
@@ -112,27 +111,24 @@ class Int8Embedding(nn.Module):
     lm_head is tied to it (Qwen's own checkpoints; the presets', made from their GGUF files, keep two
     matrices) it reads the int8 lm_head's buffers, and the matrix is stored once."""
 
-    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, vnni: bool = False):
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor):
         super().__init__()
-        self.vnni = vnni  # qweight in q8_linear's layout (a tied lm_head's)
-        self.register_buffer("qweight", qweight)
+        self.register_buffer("qweight", qweight)  # [N, K], or a tied lm_head's in q8_linear's layout
         self.register_buffer("scale", scale)
+
+    @property
+    def vnni(self) -> bool:
+        return self.qweight.dim() == 3
 
     @classmethod
     def from_embedding(cls, embedding: nn.Embedding, tied_head: Int8Linear | None = None) -> "Int8Embedding":
         """tied_head: the int8 lm_head made from this same weight; its buffers are shared."""
         if tied_head is not None:
-            return cls.tied_to(tied_head)
+            return cls(tied_head.qweight, tied_head.scale)
         return cls(*int8_rows(embedding.weight))
-
-    @classmethod
-    def tied_to(cls, head: Int8Linear) -> "Int8Embedding":
-        return cls(head.qweight, head.scale, vnni=head.vnni)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.vnni:
-            from decoding.models import q4_kernel
-
             rows = q4_kernel.int8_rows_of(self.qweight, ids)
         else:
             rows = F.embedding(ids, self.qweight)
@@ -196,8 +192,6 @@ def implementation(fmt: str) -> str:
     another kernel is measured again. The VNNI kernels run int8's layers and both formats' lm_head
     ("q8": since 2026-12-04; before, `_int_mm` did)."""
     if fmt in QUANTIZED:
-        from decoding.models import q4_kernel
-
         kernel = q4_kernel.load()
         if fmt == "int4":
             return "int4-q4q8" if kernel else "int4-aten"
@@ -209,8 +203,6 @@ def compute_dtype(fmt: str) -> torch.dtype:
     """The dtype of activations and of the KV cache under `fmt`. int4: fp32 where its own kernel runs
     (decoding/models/q4_kernel.py, which quantizes activations to int8 itself), else bf16 for ATen's."""
     if fmt == "int4":
-        from decoding.models import q4_kernel
-
         return torch.float32 if q4_kernel.load() else torch.bfloat16
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fmt, torch.float32)
 
@@ -324,10 +316,8 @@ def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None)
     if device.type != "cpu":
         return f"{fmt} weights use CPU kernels here; this device is {device.type}"
     try:
-        if fmt == "int4" and implementation(fmt) == "int4-q4q8":
-            from decoding.models.q4_kernel import Q4Linear
-
-            layer = Q4Linear(nn.Linear(128, 32).weight, None)
+        if implementation(fmt) == "int4-q4q8":
+            layer = q4_kernel.Q4Linear(nn.Linear(128, 32).weight, None)
         else:
             layer = (Int8Linear if fmt == "int8" else Int4Linear).from_linear(nn.Linear(128, 32))
         layer(torch.randn(2, 128, dtype=compute_dtype(fmt)))

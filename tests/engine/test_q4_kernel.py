@@ -131,7 +131,7 @@ def test_an_embedding_tied_to_a_packed_lm_head_reads_its_rows():
 
     table = nn.Embedding(48, 64)
     head = Int8Linear(*int8_rows(table.weight), None)
-    tied = Int8Embedding.tied_to(head)
+    tied = Int8Embedding.from_embedding(table, tied_head=head)
     assert tied.qweight.data_ptr() == head.qweight.data_ptr()
     ids = torch.tensor([[0, 15, 16, 47], [3, 3, 31, 32]])
     q, s = int8_rows(table.weight)
