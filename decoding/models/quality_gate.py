@@ -58,6 +58,12 @@ def verdicts(entry: dict) -> dict[str, bool]:
     return out
 
 
+def first_line_exact(model_key: str | None, measured: dict[str, dict] | None = None) -> dict[str, float]:
+    """format -> the benchmark's first-line exact match (percent) for this model; {} if never measured."""
+    entry = (MEASURED if measured is None else measured).get(model_key or "")
+    return dict(entry["first_line_exact"]) if entry else {}
+
+
 def eligible_formats(model_key: str | None, measured: dict[str, dict] | None = None) -> tuple[list[str], str]:
     """The formats `auto` may choose for this model, and where that verdict comes from."""
     measured = MEASURED if measured is None else measured

@@ -326,3 +326,22 @@ def test_an_unknown_weight_format_is_a_clear_error(tiny_model_dir):
 def test_weights_choice_serializes():
     choice = WeightsChoice("int8", "why", fake_timings(int8=1.0))
     assert choice.to_dict()["timings"]["int8"]["reference_s"] == pytest.approx(1.0)
+
+
+def test_between_formats_about_as_fast_auto_picks_the_better_quality(tmp_path, monkeypatch):
+    """int8 and int4 time within a few percent of each other on this project's CPU and swap places
+    between starts; `auto` then takes the one the quality gate scored higher (int8 here: 17.0% first
+    lines against int4's 14.6%). A clearly faster format still wins."""
+    spec = parse_model_spec("qwen2.5-coder-0.5b")
+    monkeypatch.setattr("decoding.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
+    gate = lambda key: (["fp32", "int8", "int4"], "test gate")  # noqa: E731
+    for int8_s, picked in ((1.05, "int8"), (1.25, "int4")):
+        table = fake_timings(fp32=5.0, int8=int8_s, int4=1.0)
+        monkeypatch.setattr("decoding.weight_choice.time_format", lambda loaded, table=table: table[loaded.weights])
+        loaded, choice = choose_and_load(spec, torch.device("cpu"), "target", FakeLoaded,
+                                         TimingCache(tmp_path / f"t{int8_s}.json"), gate)
+        assert loaded.weights == choice.format == picked
+        assert ("closest to fp32's quality" in choice.reason) == (picked == "int8")
+    # a draft model's text never shows: speed alone decides
+    loaded, choice = choose_and_load(spec, torch.device("cpu"), "draft", FakeLoaded, TimingCache(tmp_path / "d.json"), gate)
+    assert choice.format == "int4"
