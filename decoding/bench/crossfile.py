@@ -1,7 +1,9 @@
-"""Cross-file cases: the removed line uses a name defined in *another* file of the same package (and
-named above the cursor, by an import or an earlier use, as code that uses it does), and the whole
-package is the workspace. Scored with and without the repository context
-(decoding/repository/), and the lookup drafter's acceptance with and without the repository's text.
+"""Cross-file cases: the removed line uses a name defined in *another* file of the same package, and
+the file's imports say so (Python and JavaScript import the name from that module; C and C++ include
+the header defining it), as CrossCodeEval finds cross-file uses by static analysis; the code above the
+cursor names it (an import or an earlier use). The whole package is the workspace. Scored with and
+without the repository context (decoding/repository/), and the lookup drafter's acceptance with and
+without the repository's text.
 
 Packages come from code installed on the machine (corpus.default_roots(): site-packages, C headers,
 global npm packages) or from `--corpus`: a package is a directory directly under a root (a Python
@@ -23,7 +25,8 @@ from decoding.bench.corpus import (KEEP_PREFIX_CHARS, KEEP_SUFFIX_CHARS, MIN_PRE
 from decoding.bench.metrics import RunRecord, paired_difference
 from decoding.repository.files import FileLimits
 from decoding.repository.index import WorkspaceIndex, family
-from decoding.repository.selection import select
+from decoding.repository.imports import parse_imports
+from decoding.repository.selection import imported_definition, select
 
 MIN_PACKAGE_FILES = 4
 CASES_PER_PACKAGE = 2
@@ -67,9 +70,12 @@ _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _USED = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 
 
+_COMMENT = re.compile(r"/\*.*?(?:\*/|$)|//.*|#(?!\s*(?:include|define|if|endif|else|elif|undef|pragma)\b).*")
+
+
 def _names_used(line: str) -> list[str]:
-    """Names a line uses as names: not inside a string literal, not an attribute after a dot."""
-    return _USED.findall(_STRING.sub('""', line))
+    """Names a line uses as names: not inside a string literal or a comment, not an attribute after a dot."""
+    return _USED.findall(_COMMENT.sub("", _STRING.sub('""', line)))
 
 
 def _cases_in(index: WorkspaceIndex, package: Path, language: str, rng: random.Random,
@@ -89,6 +95,7 @@ def _cases_in(index: WorkspaceIndex, package: Path, language: str, rng: random.R
         for line in lines[:-1]:
             offsets.append(offsets[-1] + len(line) + 1)
         candidates = []
+        imports = None
         for i, line in enumerate(lines):
             stripped = line.strip()
             if offsets[i] < MIN_PREFIX_CHARS or not stripped or stripped.startswith(("#", "//", "*", "/*")):
@@ -97,11 +104,18 @@ def _cases_in(index: WorkspaceIndex, package: Path, language: str, rng: random.R
             if before.rfind("/*") > before.rfind("*/") or before.count('"""') % 2:
                 continue  # inside a block comment or a docstring: prose, not a use of the name
             for name in _names_used(stripped):
-                elsewhere = [d for d in index.defined(name) if d.path != f.path]
-                # imported or used above: the user's code names it, the model must know what it is
-                if (len(name) >= MIN_NAME_CHARS and name not in defined_here and elsewhere and
-                        re.search(rf"\b{re.escape(name)}\b", text[max(0, offsets[i] - KEEP_PREFIX_CHARS):offsets[i]])):
-                    candidates.append((i, name, elsewhere[0].path))
+                if len(name) < MIN_NAME_CHARS or name in defined_here or not index.defined(name):
+                    continue
+                # the file's imports reach the name's definition in another file: a cross-file use, not a
+                # namesake (a keyword argument, a local, a builtin that some other file also defines);
+                # and the code above the cursor names it (an import or an earlier use), as code using it does
+                imports = imports or parse_imports(text, language)
+                if imported_definition(index, name, f.path, language, imports) is None:
+                    continue  # (cheap: the whole file's imports; then those above the cursor)
+                d = imported_definition(index, name, f.path, language, parse_imports(text[:offsets[i]], language))
+                if d is not None and re.search(rf"\b{re.escape(name)}\b",
+                                               text[max(0, offsets[i] - KEEP_PREFIX_CHARS):offsets[i]]):
+                    candidates.append((i, name, d.path))
                     break
         if not candidates:
             continue

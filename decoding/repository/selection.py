@@ -133,6 +133,20 @@ def _definition(index: WorkspaceIndex, name: str, module: str | None, current: s
     return max(found, key=nearest)
 
 
+def imported_definition(index: WorkspaceIndex, name: str, current: str, language: str, imports: Imports):
+    """The definition of `name` the file's imports reach, or None where they do not say: in Python and
+    JavaScript the name is imported by name from a workspace module; in C and C++ a header the file
+    includes defines it (directly: not through the headers that header includes). What static analysis
+    would call a cross-file use, as CrossCodeEval builds its cases."""
+    if family(language) in ("python", "javascript"):
+        module = imports.names.get(name)
+        return None if module is None else _definition(index, name, module, current, language, imports)
+    found = [d for d in index.defined(name) if d.path != current and d.path in index.files
+             and family(index.files[d.path].language) == family(language)]
+    included = [d for d in found if any(module_match(h, d.path, current, language) for h in imports.headers)]
+    return max(included, key=lambda d: (_shared_dirs(d.path, current), -len(d.path))) if included else None
+
+
 def _shared_dirs(a: str, b: str) -> int:
     n = 0
     for x, y in zip(a.split("/")[:-1], b.split("/")[:-1]):
