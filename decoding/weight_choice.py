@@ -147,12 +147,12 @@ def _runnable(candidates: list[str], device, not_eligible: dict[str, str], spec_
     return out
 
 
-def _pick(timings: dict[str, FormatTiming], quality: dict[str, float]) -> str:
-    """The fastest format; among formats within SAME_SPEED of it, the one with the best measured quality
-    (first-line exact): two formats that close swap places between timings, and users should get the
-    better text, not the one that won a coin toss."""
-    fastest = min(t.reference_s for t in timings.values())
-    close = [f for f, t in timings.items() if t.reference_s <= fastest * (1 + SAME_SPEED)]
+def _pick(timings: dict[str, FormatTiming], fastest: str, quality: dict[str, float]) -> str:
+    """Among formats within SAME_SPEED of the fastest, the one with the best measured quality (first-line
+    exact): two formats that close swap places between timings, and users should get the better text,
+    not the one that won a coin toss."""
+    limit = timings[fastest].reference_s * (1 + SAME_SPEED)
+    close = [f for f, t in timings.items() if t.reference_s <= limit]
     return max(close, key=lambda f: (quality.get(f, float("-inf")), -timings[f].reference_s))
 
 
@@ -193,13 +193,13 @@ def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | 
         log.info("weights %s on %s: %s", fmt, where, timings[fmt])
     if not timings:
         raise DraftwiseError(f"no weight format could be timed for {key}: {not_eligible}")
-    best = _pick(timings, quality_gate.first_line_exact(key) if role == "target" else {})
+    fastest = min(timings, key=lambda f: timings[f].reference_s)
+    best = _pick(timings, fastest, quality_gate.first_line_exact(key) if role == "target" else {})
     if loaded is None or loaded.weights != best:
         loaded = None
         gc.collect()
         loaded = load(best)
     others = ", ".join(f"{f} {t.reference_s:.2f} s" for f, t in sorted(timings.items(), key=lambda x: x[1].reference_s))
-    fastest = min(timings, key=lambda f: timings[f].reference_s)
     how = ("fastest of the eligible formats" if best == fastest else
            f"closest to fp32's quality of the eligible formats within {SAME_SPEED:.0%} of the fastest")
     reason = f"{how} on this CPU for the requests users wait for ({others}); {why}"

@@ -97,6 +97,7 @@ def _cases_in(index: WorkspaceIndex, package: Path, language: str, rng: random.R
         candidates = []
         imports = None
         for i, line in enumerate(lines):
+            above = None  # the imports above this line, read once it has a name the whole file imports
             stripped = line.strip()
             if offsets[i] < MIN_PREFIX_CHARS or not stripped or stripped.startswith(("#", "//", "*", "/*")):
                 continue
@@ -112,7 +113,8 @@ def _cases_in(index: WorkspaceIndex, package: Path, language: str, rng: random.R
                 imports = imports or parse_imports(text, language)
                 if imported_definition(index, name, f.path, language, imports) is None:
                     continue  # (cheap: the whole file's imports; then those above the cursor)
-                d = imported_definition(index, name, f.path, language, parse_imports(text[:offsets[i]], language))
+                above = above or parse_imports(text[:offsets[i]], language)
+                d = imported_definition(index, name, f.path, language, above)
                 if d is not None and re.search(rf"\b{re.escape(name)}\b",
                                                text[max(0, offsets[i] - KEEP_PREFIX_CHARS):offsets[i]]):
                     candidates.append((i, name, d.path))

@@ -104,10 +104,10 @@ def _names_near_cursor(prefix: str, defined_here: set[str], imports: Imports) ->
 
 
 def _definition(index: WorkspaceIndex, name: str, module: str | None, current: str, language: str,
-                imports: Imports):
+                imports: Imports, nearest_if_unknown: bool = True):
     """The definition of `name` to show, or None: where the file says which module it comes from,
     that module's (none if no workspace file is that module: it is a library's); else the one in a
-    header the file includes, else the one nearest the current file in the tree."""
+    header the file includes, else (nearest_if_unknown) the one nearest the current file in the tree."""
     mine = family(language)
     found = [d for d in index.defined(name) if d.path != current and d.path in index.files
              and family(index.files[d.path].language) == mine]
@@ -130,7 +130,7 @@ def _definition(index: WorkspaceIndex, name: str, module: str | None, current: s
         best = max(score for score, _ in scored)
         if best:
             return max((d for score, d in scored if score == best), key=nearest)
-    return max(found, key=nearest)
+    return max(found, key=nearest) if nearest_if_unknown else None
 
 
 def imported_definition(index: WorkspaceIndex, name: str, current: str, language: str, imports: Imports):
@@ -138,13 +138,10 @@ def imported_definition(index: WorkspaceIndex, name: str, current: str, language
     JavaScript the name is imported by name from a workspace module; in C and C++ a header the file
     includes defines it (directly: not through the headers that header includes). What static analysis
     would call a cross-file use, as CrossCodeEval builds its cases."""
-    if family(language) in ("python", "javascript"):
-        module = imports.names.get(name)
-        return None if module is None else _definition(index, name, module, current, language, imports)
-    found = [d for d in index.defined(name) if d.path != current and d.path in index.files
-             and family(index.files[d.path].language) == family(language)]
-    included = [d for d in found if any(module_match(h, d.path, current, language) for h in imports.headers)]
-    return max(included, key=lambda d: (_shared_dirs(d.path, current), -len(d.path))) if included else None
+    module = imports.names.get(name)
+    if module is None and family(language) in ("python", "javascript"):
+        return None
+    return _definition(index, name, module, current, language, imports, nearest_if_unknown=False)
 
 
 def _shared_dirs(a: str, b: str) -> int:
