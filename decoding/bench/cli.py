@@ -99,6 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="also run N cross-file cases (the removed line uses a name defined in another file of its "
                         "package, the package is the workspace): quality with and without the repository context, "
                         "lookup with and without the repository index; with --limit 0, only these (default: %(default)s)")
+    g.add_argument("--corpus-context", dest="corpus_context", type=_positive, default=0, metavar="N",
+                   help="also run N cases of the ordinary corpus (not chosen for using another file) with and "
+                        "without the repository context, each with its package as the workspace: whether the "
+                        "context costs completions in general; with --limit 0, only these (default: %(default)s)")
     g.add_argument("--repo-context", default="off,on", metavar="LIST",
                    help="the cross-file cases' runs without (off) and with (on) the repository context: rows "
                         "MODE@FORMAT and MODE@FORMAT+context (default: %(default)s)")
@@ -193,8 +197,9 @@ def run(args) -> int:
 
     if getattr(args, "quality_merge", None):
         return _quality_merge(args)
-    if args.limit < 1 and not getattr(args, "crossfile", 0) and not getattr(args, "serve_start", False):
-        raise DraftwiseError("--limit must be at least 1 (or 0 with --cross-file N or --serve-start)")
+    if (args.limit < 1 and not getattr(args, "crossfile", 0) and not getattr(args, "corpus_context", 0)
+            and not getattr(args, "serve_start", False)):
+        raise DraftwiseError("--limit must be at least 1 (or 0 with --cross-file N, --corpus-context N or --serve-start)")
     if args.repeats < 1:
         raise DraftwiseError("--repeats must be at least 1")
     for flag in ("plot", "json_path"):
@@ -209,7 +214,7 @@ def run(args) -> int:
     modes = parse_modes(args.modes)
     formats = parse_formats(getattr(args, "weights_arg", None))
     serve_start = _serve_start(args, formats[0]) if args.serve_start else None
-    if args.limit == 0 and not args.crossfile and serve_start is not None:
+    if args.limit == 0 and not args.crossfile and not args.corpus_context and serve_start is not None:
         return _serve_start_only(args, serve_start)
     if args.limit == 0:
         return _crossfile_only(args, formats[0])
@@ -286,6 +291,7 @@ def run(args) -> int:
             bench.plan_modes = lambda: planned  # already decided (and the llama.cpp probe already run)
             bench.run()
         crossfile = _crossfile(args, engine) if args.crossfile else None
+        corpus_context = _crossfile(args, engine, corpus=True) if args.corpus_context else None
     finally:
         for e in {id(e): e for e in [*engines.values(), reference]}.values():
             e.close()
@@ -321,6 +327,8 @@ def run(args) -> int:
     data = build_report_data(bench, list(ALL_MODES), config_out)
     if crossfile is not None:
         data["crossfile"] = crossfile
+    if corpus_context is not None:
+        data["corpus_context"] = corpus_context
     print(report.markdown(data))
     if args.json_path:
         report.write_json(data, args.json_path)
@@ -329,24 +337,30 @@ def run(args) -> int:
     return 0
 
 
-def _crossfile(args, engine) -> dict:
+def _crossfile(args, engine, corpus: bool = False) -> dict:
+    """The cross-file cases (--cross-file N), or with corpus the ordinary corpus's cases in their
+    packages (--corpus-context N), with and without the repository context."""
     from tqdm import tqdm
 
-    from decoding.bench.crossfile import crossfile_cases, run_crossfile, run_plan
+    from decoding.bench.crossfile import corpus_cases_in_workspaces, crossfile_cases, run_crossfile, run_plan
 
     contexts = [c.strip() for c in args.repo_context.split(",") if c.strip()]
     if not contexts or set(contexts) - {"off", "on"}:
         raise DraftwiseError(f"--repo-context takes off, on or off,on (got {args.repo_context!r})")
     try:
-        cases, indexes = crossfile_cases(args.crossfile, seed=args.seed, languages=parse_languages(args.languages),
-                                         corpus=args.corpus)
+        build = corpus_cases_in_workspaces if corpus else crossfile_cases
+        cases, indexes = build(args.corpus_context if corpus else args.crossfile, seed=args.seed,
+                               languages=parse_languages(args.languages), corpus=args.corpus)
     except CorpusError as exc:
         raise DraftwiseError(str(exc)) from exc
     if not cases:
-        raise DraftwiseError("no cross-file cases found: no package with a line that uses another file's name")
-    lookup = not args.modes or "lookup" in parse_modes(args.modes)  # --modes none: the plain rows alone
+        raise DraftwiseError("no corpus case lies in a package" if corpus else
+                             "no cross-file cases found: no package with a line that uses another file's name")
+    # --modes none: the plain rows alone; the corpus cases: quality only
+    lookup = not corpus and (not args.modes or "lookup" in parse_modes(args.modes))
     rows = len(run_plan("", contexts, lookup))
-    with tqdm(total=len(cases) * rows, desc="cross-file", unit="run", file=sys.stderr) as bar:
+    with tqdm(total=len(cases) * rows, desc="corpus+context" if corpus else "cross-file", unit="run",
+              file=sys.stderr) as bar:
         def step(label: str) -> None:
             bar.set_postfix_str(label, refresh=False)
             bar.update(1)
@@ -400,7 +414,7 @@ def _serve_start_only(args, measured: dict) -> int:
 
 
 def _crossfile_only(args, weights: str) -> int:
-    """`--limit 0 --cross-file N`: the cross-file cases alone, on one engine."""
+    """`--limit 0 --cross-file N` / `--corpus-context N`: those cases alone, on one engine."""
     from decoding.api import EngineConfig
     from decoding.bench import report
     from decoding.engine import Engine
@@ -415,10 +429,13 @@ def _crossfile_only(args, weights: str) -> int:
                            "context_tokens": config.context_tokens, "max_tokens": config.max_tokens,
                            "exact": engine.models.target_runner.verify_exact,
                            "command": "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:])},
-                "crossfile": _crossfile(args, engine)}
+                **({"crossfile": _crossfile(args, engine)} if args.crossfile else {}),
+                **({"corpus_context": _crossfile(args, engine, corpus=True)} if args.corpus_context else {})}
     finally:
         engine.close()
-    print(report.crossfile_markdown(data["crossfile"]))
+    for key in ("crossfile", "corpus_context"):
+        if key in data:
+            print(report.crossfile_markdown(data[key], corpus=key == "corpus_context"))
     if args.json_path:
         report.write_json(data, args.json_path)  # without the cases' files on this machine
     return 0

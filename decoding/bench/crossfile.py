@@ -16,12 +16,12 @@ import random
 import re
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 from decoding.bench.corpus import (KEEP_PREFIX_CHARS, KEEP_SUFFIX_CHARS, MIN_PREFIX_CHARS, Case, default_roots,
-                                   language_of, list_files, read_source)
+                                   language_of, list_files, read_source, sample_cases)
 from decoding.bench.metrics import RunRecord, paired_difference
 from decoding.repository.files import FileLimits
 from decoding.repository.index import WorkspaceIndex, family
@@ -161,6 +161,40 @@ def crossfile_cases(limit: int, seed: int = 0, languages: Sequence[str] | None =
     return cases, indexes
 
 
+def corpus_cases_in_workspaces(limit: int, seed: int = 0, languages: Sequence[str] | None = None,
+                               corpus: str | None = None) -> tuple[list[CrossFileCase], dict[Path, WorkspaceIndex]]:
+    """`limit` cases of the ordinary bench corpus (decoding/bench/corpus.py: not chosen for using another
+    file), each with its package as the workspace, as the cross-file cases have: what the repository
+    context does to completions in general. A case whose file is not inside a package (a module lying
+    directly in a root) has no workspace and is passed over."""
+    roots = sorted({r.resolve() for r in ([Path(corpus).expanduser()] if corpus else default_roots())},
+                   key=lambda p: -len(p.parts))
+    indexes: dict[Path, WorkspaceIndex] = {}
+    out: list[CrossFileCase] = []
+    for c in sample_cases(limit * 2, seed=seed, languages=languages, corpus=corpus):
+        if len(out) >= limit:
+            break
+        source = Path(c.source).resolve()
+        root = next((r for r in roots if r in source.parents), None)
+        if root is None or len(source.relative_to(root).parts) < 2:
+            continue
+        package = root / source.relative_to(root).parts[0]
+        text = read_source(source)
+        if text is None:
+            continue
+        lines = text.split("\n")
+        cursor = sum(len(line) + 1 for line in lines[:c.line - 1]) + len(c.prefix.split("\n")[-1])
+        before = text[:cursor] if text[:cursor].endswith(c.prefix) else c.prefix
+        index = indexes.get(package)
+        if index is None:
+            index = indexes[package] = WorkspaceIndex(_INDEX_LIMITS)
+            index.start([str(package)])
+            index.built.wait()
+        relative = source.relative_to(package).as_posix()  # the selection leaves the case's own file out
+        out.append(CrossFileCase(replace(c, path=relative), package, "", "", before))
+    return out, indexes
+
+
 def _record(result, mode: str, case: Case, total_ms: float) -> RunRecord:
     s = result.stats
     return RunRecord(mode=mode, case_id=case.id, language=case.language, text=result.text,
@@ -202,13 +236,13 @@ def run_crossfile(engine, cases: Sequence[CrossFileCase], indexes: dict[Path, Wo
         c = x.case
         selection = select(indexes[x.package], c.path, c.language, x.before or c.prefix, REPO_CONTEXT_TOKENS)
         shown[c.id] = {"sections": selection.describe(), "defines": x.name, "defined_in": x.defined_in,
-                       "shown": any(s["why"] == f"defines {x.name}" for s in selection.describe())}
+                       "shown": bool(x.name) and any(s["why"] == f"defines {x.name}" for s in selection.describe())}
         for row, drafter, context, index in plan:
             extra = dict(context=tuple(selection.context_files()), context_reserve_tokens=REPO_CONTEXT_TOKENS,
                          repo=x.package.name) if context else {}
             if index:
                 extra["lookup_texts"] = selection.lookup_texts
-            progress(f"cross-file {row} {c.language}")
+            progress(f"{row} {c.language}")
             engine.clear_caches()
             started = time.perf_counter()
             result = engine.complete(CompletionRequest(

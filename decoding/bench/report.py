@@ -140,15 +140,20 @@ def markdown(data: Mapping) -> str:
     lines += ["", f"Timing: {cfg.get('timing_method', '')}"]
     if data.get("crossfile"):
         lines += ["", crossfile_markdown(data["crossfile"])]
+    if data.get("corpus_context"):
+        lines += ["", crossfile_markdown(data["corpus_context"], corpus=True)]
     return "\n".join(lines) + "\n"
 
 
-def crossfile_markdown(crossfile: Mapping) -> str:
-    """The cross-file table (decoding/bench/crossfile.py): each row a cold run per case."""
+def crossfile_markdown(crossfile: Mapping, corpus: bool = False) -> str:
+    """The cross-file table (decoding/bench/crossfile.py): each row a cold run per case. corpus: the
+    ordinary corpus's cases in their packages (--corpus-context)."""
     summary = crossfile["summary"]
     cases = crossfile["cases"]
     shown = sum(bool(c.get("shown")) for c in cases)
-    lines = [f"### Cross-file cases: {len(cases)} (the name's definition shown in {shown})", "",
+    title = (f"### Corpus cases in their packages: {len(cases)}" if corpus else
+             f"### Cross-file cases: {len(cases)} (the name's definition shown in {shown})")
+    lines = [title, "",
              "| run | first line exact | similarity (median) | prompt tokens (median) | p50 ms | acceptance | "
              "tokens/forward | repository drafts |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for mode in crossfile.get("rows", [k for k in summary if "@" in k]):
@@ -163,8 +168,9 @@ def crossfile_markdown(crossfile: Mapping) -> str:
         gain = (f" (first line exact {diff['difference_points']:+.1f} points, 95% interval "
                 f"[{diff['ci95'][0]}, {diff['ci95'][1]}], McNemar p {diff['mcnemar_p']})") if diff else ""
         lines += ["", f"Paired over {p['cases']} cases: the repository context made {p['repo_right_plain_wrong']} "
-                      f"first lines right and {p['plain_right_repo_wrong']} wrong{gain}. Every lookup row wrote its plain "
-                      f"row's text: {summary['lookup_identical_text']}."]
+                      f"first lines right and {p['plain_right_repo_wrong']} wrong{gain}."
+                      + (f" Every lookup row wrote its plain row's text: {summary['lookup_identical_text']}."
+                         if any(row.startswith("lookup@") for row in summary) else "")]
     return "\n".join(lines) + "\n"
 
 

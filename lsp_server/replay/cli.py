@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lsp_server.replay import corpus, report
 from lsp_server.replay.editor import CLIENTS
-from lsp_server.replay.runs import make_replay, run_draftwise, run_llama_vim, run_name
+from lsp_server.replay.runs import comparisons, make_replay, run_draftwise, run_llama_vim, run_name
 
 IDLE_RUNS = {"on": (True,), "off": (False,), "both": (False, True)}
 CONTEXT_RUNS = {"on": (True,), "off": (False,), "both": (False, True)}
@@ -122,6 +122,7 @@ def run(args) -> int:
             data["not_run"]["llamacpp"] = peer
         else:
             data["runs"]["llamacpp"] = run_llama_vim(replay, peer["binary"], peer["gguf"], say)
+    data["comparisons"] = comparisons(data["runs"])
     report.print_table(data)
     if args.json_path:
         report.write_json(data, args.json_path)

@@ -41,6 +41,14 @@ def print_table(data: Mapping, console: Console | None = None) -> None:
     if ignored:
         console.print(f"runs {', '.join(ignored)}: the server ignored the idleWork setting (logged as unknown), "
                       "so they ran the same server and differ only by chance")
+    for name, c in (data.get("comparisons") or {}).items():
+        if c:
+            console.print(f"{name}: p50 {c['p50_ms']:.0f} against {c['reference_p50_ms']:.0f} ms, ×{c['ratio']:.2f} "
+                          f"(95% interval ×{c['interval_95'][0]:.2f}–×{c['interval_95'][1]:.2f}; "
+                          f"{c['pauses']} and {c['reference_pauses']} pauses); already on screen at "
+                          f"{c['already_shown']} and {c['reference_already_shown']} of them; where a suggestion "
+                          f"had to be made, p50 {_cell(c['computed_p50_ms'], '{:.0f}')} against "
+                          f"{_cell(c['reference_computed_p50_ms'], '{:.0f}')} ms")
     for name, status in data.get("not_run", {}).items():
         console.print(f"{name}: not run: {status['reason']}")
     s = data["settings"]

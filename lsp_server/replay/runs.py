@@ -124,6 +124,39 @@ def _repo_context_summary(stats: dict) -> dict | None:
             "index": {k: index.get(k) for k in ("files", "bytes", "truncated")}}
 
 
+def shown_latencies_ms(run: dict) -> list[float]:
+    """A run's pause -> suggestion latencies (ms) over the pauses in which a suggestion appeared."""
+    return [x for f in run.get("files", []) for x in f.get("pause_latencies_ms", []) if x is not None]
+
+
+def p50_ratio(run: dict, reference: dict, samples: int = 10000, seed: int = 0) -> dict | None:
+    """run's pause -> suggestion p50 over reference's, with a 95% bootstrap interval (pauses resampled
+    within each run). A replay has some fifty pauses per run, and the runs' pauses are not the same
+    ones (an accepted suggestion changes what is typed after it), so one run's p50 against another's
+    says little without the interval."""
+    a, b = shown_latencies_ms(run), shown_latencies_ms(reference)
+    if not a or not b:
+        return None
+    # a p50 of 0 ms (a suggestion already on screen) makes a ratio meaningless: floor both at 1 ms
+    ratio = lambda x, y: max(percentile(x, 50), 1.0) / max(percentile(y, 50), 1.0)  # noqa: E731
+    rng = random.Random(seed)
+    boot = sorted(ratio(rng.choices(a, k=len(a)), rng.choices(b, k=len(b))) for _ in range(samples))
+    # A latency of 0 is a suggestion typed along, already on screen when the pause began: how often that
+    # happens depends on what was suggested, not on how fast. The two apart say which one moved the p50.
+    computed = lambda xs: percentile([x for x in xs if x > 0], 50)  # noqa: E731
+    return {"p50_ms": percentile(a, 50), "reference_p50_ms": percentile(b, 50), "ratio": round(ratio(a, b), 3),
+            "interval_95": [round(boot[int(0.025 * samples)], 3), round(boot[int(0.975 * samples) - 1], 3)],
+            "pauses": len(a), "reference_pauses": len(b),
+            "already_shown": sum(x == 0 for x in a), "reference_already_shown": sum(x == 0 for x in b),
+            "computed_p50_ms": computed(a), "reference_computed_p50_ms": computed(b)}
+
+
+def comparisons(runs: dict) -> dict:
+    """Each "+context" run against the same idle setting without it."""
+    return {f"{name} vs {name.removesuffix('+context')}": p50_ratio(run, runs[name.removesuffix("+context")])
+            for name, run in runs.items() if name.endswith("+context") and name.removesuffix("+context") in runs}
+
+
 def run_name(idle: bool, repo_context: bool) -> str:
     """"on"/"off" for idle work, "+context" with the repository context."""
     return ("on" if idle else "off") + ("+context" if repo_context else "")

@@ -71,8 +71,31 @@ def test_replay_in_a_workspace_runs_with_the_repository_context_off_and_on(tiny_
         context = run["server_repo_context"]
         if with_context:  # the workspace was indexed and the requests chose their context from it
             assert context["index"]["files"] == 2 and context["selections"]["made"] >= 1
+    comparison = data["comparisons"]["off+context vs off"]  # None only if a run showed nothing
+    assert comparison is None or comparison["interval_95"][0] <= comparison["ratio"] <= comparison["interval_95"][1]
     table = capsys.readouterr().out
     assert "off+context" in table and "prompt read" in table
+
+
+def _run(latencies_ms):
+    return {"files": [{"pause_latencies_ms": [None, *latencies_ms]}]}
+
+
+def test_p50_ratio_has_an_interval_that_narrows_with_more_pauses():
+    from lsp_server.replay.runs import p50_ratio
+
+    slow, fast = [110.0, 90.0, 130.0, 100.0, 120.0], [50.0, 45.0, 55.0, 60.0, 40.0]
+    few = p50_ratio(_run(slow), _run(fast))
+    assert few["ratio"] == 2.2 and few["pauses"] == 5  # 110 / 50; the None (nothing shown) left out
+    many = p50_ratio(_run(slow * 20), _run(fast * 20))
+    assert many["ratio"] == 2.2
+    width = lambda c: c["interval_95"][1] - c["interval_95"][0]  # noqa: E731
+    assert many["interval_95"][0] <= 2.2 <= many["interval_95"][1] and width(many) < width(few)
+    assert p50_ratio(_run([]), _run(fast)) is None
+    # more suggestions already on screen (0 ms) move the p50 while the computed ones stay as fast
+    mixed = p50_ratio(_run([0.0] * 4 + slow), _run(slow))
+    assert mixed["already_shown"] == 4 and mixed["reference_already_shown"] == 0
+    assert mixed["computed_p50_ms"] == mixed["reference_computed_p50_ms"] == 110.0 and mixed["ratio"] < 1
 
 
 def test_replay_refuses_the_repository_context_without_a_workspace(tiny_model_dir, tmp_path, capsys):
