@@ -46,18 +46,39 @@ class CrossFileCase:
     before: str = ""
 
 
+def _deepest_first(roots: Sequence[Path]) -> list[Path]:
+    return sorted({r.resolve() for r in roots}, key=lambda p: -len(p.parts))
+
+
+def _package_of(path: Path, roots: Sequence[Path]) -> Path | None:
+    """The package directory holding `path`: the top folder under the deepest root containing it (roots
+    deepest first); None for a file outside the roots or lying directly in one."""
+    root = next((r for r in roots if r in path.parents), None)
+    if root is None:
+        return None
+    top = root / path.relative_to(root).parts[0]
+    return top if top.is_dir() else None
+
+
+def _index_of(package: Path, indexes: dict[Path, WorkspaceIndex]) -> WorkspaceIndex:
+    """The package's workspace index, built once (and waited for) per benchmark run."""
+    index = indexes.get(package)
+    if index is None:
+        index = indexes[package] = WorkspaceIndex(_INDEX_LIMITS)
+        index.start([str(package)])
+        index.built.wait()
+    return index
+
+
 def packages(roots: Sequence[Path], languages: Sequence[str] | None) -> dict[str, list[Path]]:
     """language -> package directories with enough files of it, sorted."""
     files = list_files(roots, languages, repository=True)
-    roots = sorted({r.resolve() for r in roots}, key=lambda p: -len(p.parts))
+    roots = _deepest_first(roots)
     counts: dict[tuple[str, Path], int] = {}
     for language, entries in files.items():
         for path, _ in entries:
-            root = next((r for r in roots if r in path.parents), None)
-            if root is None:
-                continue
-            top = root / path.relative_to(root).parts[0]
-            if top.is_dir():
+            top = _package_of(path, roots)
+            if top is not None:
                 counts[(language, top)] = counts.get((language, top), 0) + 1
     out: dict[str, list[Path]] = {}
     for (language, top), n in sorted(counts.items(), key=lambda kv: str(kv[0][1])):
@@ -151,13 +172,7 @@ def crossfile_cases(limit: int, seed: int = 0, languages: Sequence[str] | None =
                 continue
             package = found[language][cursors[language]]
             cursors[language] += 1
-            index = indexes.get(package)
-            if index is None:
-                index = WorkspaceIndex(_INDEX_LIMITS)
-                index.start([str(package)])
-                index.built.wait()
-                indexes[package] = index
-            cases += _cases_in(index, package, language, rng, min(CASES_PER_PACKAGE, limit - len(cases)))
+            cases += _cases_in(_index_of(package, indexes), package, language, rng, min(CASES_PER_PACKAGE, limit - len(cases)))
     return cases, indexes
 
 
@@ -167,29 +182,21 @@ def corpus_cases_in_workspaces(limit: int, seed: int = 0, languages: Sequence[st
     file), each with its package as the workspace, as the cross-file cases have: what the repository
     context does to completions in general. A case whose file is not inside a package (a module lying
     directly in a root) has no workspace and is passed over."""
-    roots = sorted({r.resolve() for r in ([Path(corpus).expanduser()] if corpus else default_roots())},
-                   key=lambda p: -len(p.parts))
+    roots = _deepest_first([Path(corpus).expanduser()] if corpus else default_roots())
     indexes: dict[Path, WorkspaceIndex] = {}
     out: list[CrossFileCase] = []
     for c in sample_cases(limit * 2, seed=seed, languages=languages, corpus=corpus):
         if len(out) >= limit:
             break
         source = Path(c.source).resolve()
-        root = next((r for r in roots if r in source.parents), None)
-        if root is None or len(source.relative_to(root).parts) < 2:
-            continue
-        package = root / source.relative_to(root).parts[0]
-        text = read_source(source)
+        package = _package_of(source, roots)
+        text = read_source(source) if package is not None else None
         if text is None:
             continue
-        lines = text.split("\n")
-        cursor = sum(len(line) + 1 for line in lines[:c.line - 1]) + len(c.prefix.split("\n")[-1])
+        # the whole text above the cursor (the case keeps only the prompt's tail): the selection reads its imports
+        cursor = sum(len(line) + 1 for line in text.split("\n")[:c.line - 1]) + len(c.prefix.split("\n")[-1])
         before = text[:cursor] if text[:cursor].endswith(c.prefix) else c.prefix
-        index = indexes.get(package)
-        if index is None:
-            index = indexes[package] = WorkspaceIndex(_INDEX_LIMITS)
-            index.start([str(package)])
-            index.built.wait()
+        _index_of(package, indexes)
         relative = source.relative_to(package).as_posix()  # the selection leaves the case's own file out
         out.append(CrossFileCase(replace(c, path=relative), package, "", "", before))
     return out, indexes
@@ -236,7 +243,7 @@ def run_crossfile(engine, cases: Sequence[CrossFileCase], indexes: dict[Path, Wo
         c = x.case
         selection = select(indexes[x.package], c.path, c.language, x.before or c.prefix, REPO_CONTEXT_TOKENS)
         shown[c.id] = {"sections": selection.describe(), "defines": x.name, "defined_in": x.defined_in,
-                       "shown": bool(x.name) and any(s["why"] == f"defines {x.name}" for s in selection.describe())}
+                       "shown": any(s["why"] == f"defines {x.name}" for s in selection.describe())}
         for row, drafter, context, index in plan:
             extra = dict(context=tuple(selection.context_files()), context_reserve_tokens=REPO_CONTEXT_TOKENS,
                          repo=x.package.name) if context else {}
