@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 REMOTE_STAMP := $(VENV)/.installed-remote
 LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 
-.PHONY: setup setup-llamacpp llama-server models demo test test-fast test-editors test-reliability test-remote test-vllm bench clean
+.PHONY: setup setup-llamacpp llama-server models demo test test-isa test-arm test-fast test-editors test-reliability test-remote test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,28 @@ demo: models
 
 test: models
 	$(BIN)/python -m pytest -m "not slow and not remote"
+
+# The exactness and lossless tests on every kernel path this CPU runs, forced with DRAFTWISE_ISA
+# (`make test` runs the best one). avx2 also runs torch's own AVX2 code, as an AVX2-only laptop does.
+ISA_TESTS := tests/engine/test_row_invariance.py tests/engine/test_q4_kernel.py tests/engine/test_lossless.py \
+	tests/engine/test_weights.py::test_a_verify_forward_equals_one_token_steps_bit_for_bit \
+	tests/engine/test_weights.py::test_the_exactness_probe_decides_whether_a_format_drafts \
+	tests/engine/test_weights.py::test_every_drafter_is_lossless_at_every_weight_format
+test-isa: models
+	@for isa in $$($(BIN)/python -m decoding.models.kernel_build); do \
+	  emulate=""; [ "$$isa" = avx2 ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"; \
+	  echo "== DRAFTWISE_ISA=$$isa $$emulate"; \
+	  env DRAFTWISE_ISA=$$isa $$emulate $(BIN)/python -m pytest -q -p no:cacheprovider $(ISA_TESTS) || exit 1; \
+	done
+
+# The ARM kernel's core, cross-compiled for aarch64 and run under qemu: bit for bit the reference
+# arithmetic at every row count (apt: g++-aarch64-linux-gnu qemu-user).
+ARM_TEST := $(VENV)/neon_kernel_test
+test-arm:
+	@mkdir -p $(VENV)
+	aarch64-linux-gnu-g++ -O2 -std=c++17 -march=armv8.2-a+dotprod -static -I decoding/models \
+	  tests/kernels/neon_kernel_test.cpp -o $(ARM_TEST)
+	qemu-aarch64 -cpu max $(ARM_TEST)
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not real_model and not remote"

@@ -1,11 +1,4 @@
 """draftwise's engine: speculative decoding tuned for code completion. Never imports pygls."""
-import os as _os
-
-from decoding.models.paths import draftwise_home as _home
-
-# Compiled graphs (decoding/models/compiled_forward.py) outlive a reboot next to the models, unless
-# the user chose a place; set before torch is imported, which fixes inductor's cache directory.
-_os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(_home() / "inductor"))
 from decoding.api import (
     DRAFTERS,
     SCOPES,

@@ -5,7 +5,6 @@ never see tensors or tokenizers.
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -16,10 +15,6 @@ if TYPE_CHECKING:
 
 DRAFTERS = ("none", "lookup", "model", "suggestion", "auto")
 SCOPES = ("auto", "line", "block", "full")
-# compile: whether decode and verify forwards run on graphs torch.compile built (the static forward,
-# decoding/models/compiled_forward.py): auto and on compile in the background where the target runs on
-# it (on also says so in the log where it cannot), off never.
-COMPILE_SETTINGS = ("auto", "on", "off")
 WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8", "int4", "gguf")  # decoding.models.weights implements them;
 # gguf: the model's GGUF file run by llama.cpp (decoding/runners/llamacpp.py)
 # "error": a remote engine's request that failed (it ends empty); the in-process engine raises instead
@@ -161,9 +156,6 @@ class EngineConfig:
     cache_mb: int = 512  # bound on KV memory kept for reuse across requests
     trust_remote_code: bool = False
     measure_cost: bool = True  # time forwards at load to build the cost model
-    # One of COMPILE_SETTINGS; DRAFTWISE_COMPILE sets the default (the tests' suite sets off: each
-    # tiny model would compile for minutes for nothing).
-    compile: str = field(default_factory=lambda: os.environ.get("DRAFTWISE_COMPILE", "auto"))
 
 
 Progress = Callable[[str, "float | None"], None]  # (message, fraction done or None) from the loading thread

@@ -11,11 +11,14 @@ highest E/T, and decodes plainly when nothing beats 1 / t_target(1).
 """
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import dataclass, field
 
 from decoding.drafters.base import Offer
+
+log = logging.getLogger(__name__)
 
 # Prior acceptance per bucket (successes, failures): lookup matches get more trustworthy with length.
 PRIORS = {
@@ -42,33 +45,22 @@ MIN_GAIN = 1.03  # a draft must promise 3% more tokens per second than plain dec
 class ForwardTimes:
     """Seconds per target forward by number of new tokens, measured on this device.
 
-    widths: where forwards run on graphs of fixed row counts (a compiled forward pads a draft to the
-    next width), the widths; a forward of n tokens then costs what its width costs, a step function
-    a line through the measured points would miss (3 tokens cost what 4 do, not less).
-
     longer: the same forwards timed on a longer cache (lengths: the two caches' lengths). Attention
     reads every cached key, so a forward costs more on a 1,000-token prompt than on a 128-token one
-    (the 0.5B, int4, compiled, widths timed in turn: a decode step 40 -> 45 ms from 128 to 1,024
-    tokens, a 4-row forward 62 -> 68 ms, and 76 ms at 1,400): drafts priced on the short cache alone
-    looked cheaper than they were on real prompts. Times for a cache of another length are
+    (the 0.5B, int4, measured on the since removed compiled forward: a decode step 40 -> 45 ms from
+    128 to 1,024 tokens, a 4-row forward 62 -> 68 ms, and 76 ms at 1,400): drafts priced on the short
+    cache alone looked cheaper than they were on real prompts. Times for a cache of another length are
     interpolated (and extrapolated) linearly in it."""
 
     by_tokens: dict[int, float]
-    widths: tuple[int, ...] | None = None
     longer: dict[int, float] | None = None
     lengths: tuple[int, int] = (128, 128)
-
-    def _width(self, n: int) -> int:
-        if self.widths and n <= self.widths[-1]:
-            return next(w for w in self.widths if w >= n)
-        return n
 
     def observe(self, n: int, seconds: float, weight: float = 0.1, length: int | None = None) -> None:
         """Keep the table current. The machine's speed drifts (load, a neighbour on the host) and moves
         every width alike, so half of what a forward says moves the whole table; the other half moves
         its own width (what it costs next to the others). Moving one width alone let plain decoding's
         steps follow the drift while verify forwards, once drafting stopped, never ran to catch up."""
-        n = self._width(n)
         if n > max(self.by_tokens):  # a prompt read: not a width drafts are priced at
             return
         predicted = self(n, length)
@@ -82,7 +74,6 @@ class ForwardTimes:
             table[n] = self._lookup(table, n) * own
 
     def __call__(self, n: int, length: int | None = None) -> float:
-        n = self._width(n)
         short = self._lookup(self.by_tokens, n)
         if self.longer is None or length is None:
             return short
@@ -102,22 +93,60 @@ class ForwardTimes:
         return lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0])
 
 
+TIMES_FILE = "forward-times.json"
+
+
+def kept_forward_times(runner, repeats: int = 3, long_context: int | None = None, **kwargs) -> ForwardTimes:
+    """measure_forward_times, kept in $DRAFTWISE_HOME per model, kernel and forward code, device and
+    thread count: a later start reads them (a start took 2.4 s timing forwards). The table follows
+    the machine's drift from the first request on (ForwardTimes.observe). Quick one-repeat timings
+    (tests, `measure_cost` off) are neither read nor kept."""
+    import json
+
+    import torch
+
+    from decoding.models import paths
+    from decoding.models.loading import device_key
+    from decoding.models.specs import model_key
+    from decoding.models.weights import implementation
+
+    loaded = getattr(runner, "loaded", None)
+    if repeats < 3 or loaded is None or loaded.spec is None:
+        return measure_forward_times(runner, repeats=repeats, long_context=long_context, **kwargs)
+    key = " | ".join([model_key(loaded.spec), implementation(loaded.weights), device_key(loaded.device),
+                      f"{torch.get_num_threads()} threads", f"long {long_context}", json.dumps(kwargs, sort_keys=True)])
+    file = paths.draftwise_home() / TIMES_FILE
+    try:
+        kept = json.loads(file.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    try:
+        t = kept[key]
+        return ForwardTimes({int(n): s for n, s in t["by_tokens"].items()},
+                            {int(n): s for n, s in t["longer"].items()} if t["longer"] else None, tuple(t["lengths"]))
+    except (KeyError, TypeError, ValueError, AttributeError):  # not kept, or written by another version
+        pass
+    times = measure_forward_times(runner, repeats=repeats, long_context=long_context, **kwargs)
+    kept[key] = {"by_tokens": times.by_tokens, "longer": times.longer, "lengths": list(times.lengths)}
+    try:
+        paths.atomic_write(file, json.dumps(kept, indent=1))
+    except OSError as exc:  # a read-only home costs the next start the timing
+        log.warning("could not keep forward times in %s: %s", file, exc)
+    return times
+
+
 def measure_forward_times(runner, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3,
                           long_context: int | None = None) -> ForwardTimes:
     """Time forwards of each size on top of a `context`-token cache (medians of `repeats`), and on a
-    `long_context`-token one where given. A runner on fixed-width graphs (runner.forward_widths) is
-    timed at each width instead, twice as often (no line smooths a step function's noise)."""
-    widths = tuple(w for w in (getattr(runner, "forward_widths", None) or ()) if w <= max(sizes)) or None
-    if widths:
-        sizes, repeats = widths, 2 * repeats
+    `long_context`-token one where given."""
     if long_context and long_context > context and hasattr(runner, "assume_cached"):
         short, long_ = _timed_alternating(runner, sizes, (context, long_context), repeats)
-        return ForwardTimes(_smoothed(short, widths), widths, _smoothed(long_, widths), (context, long_context))
-    short = _smoothed(_timed(runner, sizes, context, repeats), widths)
+        return ForwardTimes(_smoothed(short), _smoothed(long_), (context, long_context))
+    short = _smoothed(_timed(runner, sizes, context, repeats))
     if not long_context or long_context <= context:
-        return ForwardTimes(short, widths)
-    long_ = _smoothed(_timed(runner, sizes, long_context, repeats), widths)
-    return ForwardTimes(short, widths, long_, (context, long_context))
+        return ForwardTimes(short)
+    long_ = _smoothed(_timed(runner, sizes, long_context, repeats))
+    return ForwardTimes(short, long_, (context, long_context))
 
 
 def _timed_alternating(runner, sizes, contexts: tuple[int, int], repeats: int) -> tuple[dict, dict]:
@@ -165,12 +194,7 @@ def _timed(runner, sizes, context: int, repeats: int) -> dict[int, float]:
     return times
 
 
-def _smoothed(times: dict[int, float], widths) -> dict[int, float]:
-    if widths:  # more rows never cost less
-        times = dict(times)
-        for a, b in zip(widths, widths[1:]):
-            times[b] = max(times[b], times[a])
-        return times
+def _smoothed(times: dict[int, float]) -> dict[int, float]:
     # Smooth measurement noise with a least-squares line t = a + b*n (b >= 0: more tokens never cost less).
     ns, ts = list(times), list(times.values())
     mean_n, mean_t = statistics.fmean(ns), statistics.fmean(ts)

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import logging
 import statistics
 import threading
-import time
 
 from decoding import alternatives
 from decoding.api import DRAFTERS, CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
@@ -21,11 +19,6 @@ from decoding.request_plan import build_plan
 from decoding.request_run import read_prompt_ahead, run_plan
 
 log = logging.getLogger("draftwise.engine")
-
-# `compile auto` builds graphs only for a model whose eager decode step (measured at load) takes at
-# least this long: compiling removes per-op overhead (~9 ms of the 0.5B's ~40 ms step on 2 cores) at
-# the price of minutes of compiling; a small model's whole step is less than that overhead saves.
-AUTO_COMPILE_MIN_STEP_S = 0.015
 
 __all__ = ["Engine", "Job", "Progress"]
 
@@ -75,50 +68,11 @@ class Engine:
         log.info("engine ready: target=%s draft=%s device=%s weights=%s (%s) cost=%s", m.target.name,
                  m.draft.name if m.draft else None, m.target.device, m.target.weights, m.weights.reason,
                  m.cost.summary())
-        self._start_compiling()
-
-    def _start_compiling(self) -> None:
-        """`compile` auto/on: build the compiled graphs on a thread of their own while the eager forward
-        serves; they go live between two requests, queued on the worker like one."""
-        setting, runner = self.config.compile, self.models.target_runner
-        if setting == "off":
-            return
-        if not hasattr(runner, "start_compiling") or runner.device.type != "cpu":
-            (log.warning if setting == "on" else log.debug)(
-                "compile %s: the %s forward is not compiled (only the static forward of int8/int4 on a CPU is)",
-                setting, getattr(runner, "path", "?"))
-            return
-        step_s = self.models.cost.t(1)
-        if setting == "auto" and step_s < AUTO_COMPILE_MIN_STEP_S:
-            log.debug("compile auto: a decode step takes %.1f ms here, too little to pay for compiling", step_s * 1000)
-            return
-        log.info("forward path: eager; compiling decode and verify forwards in the background")
-        models = self.models
-
-        def go_live() -> None:
-            try:
-                self._worker.call(models.use_compiled_forward)
-            except DraftwiseError:  # the engine closed (a reload) while its graphs were being built
-                log.debug("compiled forward built for a closed engine: not used")
-
-        runner.start_compiling(on_built=go_live)
 
     def on_model_thread(self, fn):
         """Run fn on the thread that runs the engine's forwards and return its result (torch work
         outside the engines, e.g. the benchmark's transformers baselines, belongs there too)."""
         return self._worker.call(fn).result()
-
-    def wait_compiled(self, timeout: float | None = None) -> str:
-        """Wait until the compiled graphs are live, or compilation failed or never started (tests and
-        the benchmark time the compiled path with it). Returns the forward path."""
-        runner = self._ready_models().target_runner
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while getattr(runner, "compile_state", "off") in ("compiling", "built"):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        self._worker.call(lambda: None).result()  # the switch, queued on the worker, has run
-        return runner.path
 
     # ---- requests -----------------------------------------------------------------------------
     def build_prompt(self, request: CompletionRequest) -> list[int]:
@@ -180,13 +134,8 @@ class Engine:
 
     def _on_worker(self, job: Job, run):
         self._running = job
-        runner = self.models.target_runner if self.models is not None else None
-        # a graph build in the background waits while a request a user waits for runs
-        serving = runner.serving() if runner is not None and not job.idle and hasattr(runner, "serving") \
-            else contextlib.nullcontext()
         try:
-            with serving:
-                return run(job)
+            return run(job)
         finally:
             self._running = None
 
@@ -266,13 +215,7 @@ class Engine:
             "weights_reason": m.weights.reason if m else None,
             "weights_choice": m.weights.to_dict() if m else None,
             "draft_weights": m.draft.weights if m and m.draft else None,
-            "forward": getattr(m.target_runner, "path", None) if m else None,
-            "compiled": bool(m and getattr(m.target_runner, "path", None) == "compiled"),
-            # the compile setting and where compiling stands: off, compiling, built, live, failed: why
-            "compile": {"setting": self.config.compile,
-                        "state": getattr(m.target_runner, "compile_state", "off") if m else "off",
-                        "seconds": getattr(m.target_runner, "compile_seconds", None) if m else None,
-                        "oneThread": bool(m and getattr(m.target_runner, "compiled_one_thread", False))},
+            "kernel": m.kernel if m else None,
             # drafts are verified bit for bit (the exactness probe's widest exact width), or not at all
             "verify": ({"exact_width": m.target_runner.exact_width, "lossless": m.target_runner.verify_exact}
                        if m else None),

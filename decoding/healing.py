@@ -29,6 +29,19 @@ def is_blank(text: str) -> bool:
     return bool(text) and not text.strip(BLANKS)
 
 
+def _decoded_alone(tokenizer, raw: list[str], ids: list[int]) -> list[str]:
+    """Each token's text on its own. The fast tokenizer's own decoder takes a tenth of batch_decode's
+    time (0.04 s against 0.36 s for Qwen's 54k candidates: a start waits on it); where its texts
+    differ from batch_decode's on a sample, or it has none, batch_decode it is."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    slow = lambda chosen: tokenizer.batch_decode([[i] for i in chosen], clean_up_tokenization_spaces=False)  # noqa: E731
+    if decoder is not None:
+        sample = ids[:: max(1, len(ids) // 200)]
+        if [decoder.decode([raw[i]]) for i in sample] == slow(sample):
+            return [decoder.decode([raw[i]]) for i in ids]
+    return slow(ids)
+
+
 class BlankHealing:
     """For one tokenizer: the tokens that may write a healed blank."""
 
@@ -36,7 +49,7 @@ class BlankHealing:
         self.vocab_size = vocab_size  # the model's logits width (may exceed the tokenizer's)
         raw = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         candidates = [i for i, token in enumerate(raw) if token and token[0] in _BLANK_MARKERS]
-        texts = tokenizer.batch_decode([[i] for i in candidates], clean_up_tokenization_spaces=False)
+        texts = _decoded_alone(tokenizer, raw, candidates)
         self._by_lead: dict[str, list[int]] = {}  # the blanks a token starts with -> ids
         for i, text in zip(candidates, texts):
             lead = text[:len(text) - len(text.lstrip(BLANKS))]

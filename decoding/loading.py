@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from decoding.api import EngineConfig, Progress
-from decoding.cost_model import CostModel, measure_forward_times
+from decoding.cost_model import CostModel, kept_forward_times
 from decoding.drafters.base import Drafter
 
 log = logging.getLogger("draftwise.loading")
@@ -43,27 +43,20 @@ class LoadedModels:
     drafting_off: str = ""  # why every request decodes plainly (the target's verify is not row-exact here)
     healing: Any = None  # decoding.healing.BlankHealing for the target's vocabulary
     max_tokens: int = 64  # EngineConfig.max_tokens: a request's default
-    measure_repeats: int = 3  # forwards timed per size for the cost model
 
-    def use_compiled_forward(self) -> str:
-        """On the worker thread, between requests: serve from the target's compiled graphs, once built
-        (decoding/runners/static.py). Their verify rows are probed for exactness as the eager ones were,
-        and forwards timed again for the cost model; if they verify fewer rows exactly than the graphs'
-        widest (16), the eager forward serves on. Returns the forward path now live."""
-        from decoding.runners import exactness
+    @property
+    def kernel(self) -> str:
+        """What runs the target's weight format here, as kept measurements are keyed (decoding.models.weights);
+        `+rows` only where the loaded decoder runs its attention on row_ops.cpp (a head size the kernel
+        lacks runs torch's)."""
+        from decoding.models.weights import GGUF, implementation
 
-        runner = self.target_runner
-        if not runner.go_live():
-            return runner.path
-        exactness.measure(runner)
-        if runner.exact_width < runner.compiled.max_rows:
-            runner.drop_compiled(f"its verify forwards are exact up to {runner.exact_width} rows only")
-            exactness.measure(runner)
-            return runner.path
-        self.cost.t = measure_forward_times(runner, repeats=self.measure_repeats, long_context=long_cache(runner))
-        self.cost.max_draft = max(0, min(16, runner.exact_width - 1))
-        log.info("forward path: compiled; cost model re-timed: %s", self.cost.summary())
-        return runner.path
+        if self.target.weights == GGUF:
+            return "llama.cpp"
+        label = implementation(self.target.weights)
+        if not getattr(self.target.model, "attention_kernel", False):
+            label = label.replace("+rows", "")
+        return label
 
     def prompt_parts(self, request):
         """A decoding.api.CompletionRequest's prompt: decoding.prompt.PromptParts, its blanks healed.
@@ -130,17 +123,14 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     runner = runner_for(target, cfg.cache_mb * 1024 * 1024)
     progress("measuring forward costs on this device", 0.5)
     # Drafts are capped where verify forwards stop being exact here (decoding/runners/exactness.py).
-    cost = CostModel(measure_forward_times(runner, repeats=3 if cfg.measure_cost else 1,
-                                           long_context=long_cache(runner)),
+    cost = CostModel(kept_forward_times(runner, repeats=3 if cfg.measure_cost else 1, long_context=long_cache(runner)),
                      max_draft=max(0, min(16, runner.exact_width - 1)))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
                           runner, cost, {"lookup": LookupDrafter(encode=prompts.encode), "suggestion": SuggestionDrafter(target.tokenizer)},
-                          healing=prompts.blank_healing(runner.vocab_size), max_tokens=cfg.max_tokens,
-                          measure_repeats=3 if cfg.measure_cost else 1)
+                          healing=prompts.blank_healing(runner.vocab_size), max_tokens=cfg.max_tokens)
     if not runner.verify_exact:
-        models.drafting_off = (f"{target.weights} weights: a verify forward's logits differ from one-token steps' "
-                               f"here (by up to {runner.verify_difference:.3g}), so drafting could change the text; "
-                               "every request decodes plainly")
+        differ = runner.not_exact_why or f"a verify forward's logits differ from one-token steps' here (by up to {runner.verify_difference:.3g})"
+        models.drafting_off = f"{target.weights} weights: {differ}, so drafting could change the text; every request decodes plainly"
         log.warning("drafting off: %s", models.drafting_off)
     elif runner.exact_width <= 16:
         log.info("drafts capped at %d tokens: wider verify forwards are not exact here", runner.exact_width - 1)

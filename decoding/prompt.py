@@ -18,10 +18,16 @@ Layout (why it looks like this):
   first form of healing, one or three lines after gave 11 and none 15.
 - The prefix is cut at a line boundary that moves in steps of PREFIX_CUT_STEP lines, so the start of
   the prompt stays put while the user types and the cache keeps matching.
+- The prefix is tokenized a line at a time, each line's ids kept by its text (PieceTokens), where the
+  tokenizer gives the same ids that way as for the whole text: a keystroke then tokenizes one line,
+  not the ~24,000 characters that could fit (18 ms a request on a 2-core CPU: docs/performance.md).
 """
 from __future__ import annotations
 
 import bisect
+import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -93,6 +99,64 @@ def end_token_ids(tokenizer, template: FimTemplate) -> set[int]:
     return ids
 
 
+# Where a text may be cut into pieces that tokenize on their own to the same ids as the whole. BPE
+# tokenizers split text into words by a regular expression first, and no word of Qwen2's expression
+# runs from a newline into a line with something on it; GPT-2's joins a newline to the next line's
+# indentation, so there only unindented lines start a piece. Which rule holds is checked per tokenizer.
+LINE_START_RULES = (re.compile(r"\n(?=[^\S\n]*\S)"), re.compile(r"\n(?=\S)"))
+# Text a piece rule must tokenize exactly as the whole: blank lines, lines of blanks, trailing blanks,
+# tabs, CRLF, non-ASCII letters, digits, contractions and punctuation at either end of a line.
+PIECE_CHECK_TEXT = (
+    "import os\n\n\nclass Point:\n    \"\"\"A point.\"\"\"\n    x: int = 0  \n   \n\tdef __init__(self):\n"
+    "\t\tself.s = 'it's'\r\n\r\n        return {\"é\": 1_000, '中文': [1, 2]}\n}\n// note: 42\n"
+    "  #include <x.h>\n's x\n  \t  \nfunction f() {\n  return a ? b : c;\n};\n    \n\n    end"
+)
+
+
+class PieceTokens:
+    """Token ids of pieces of text, kept by the piece's text (bounded, least recently used out)."""
+
+    def __init__(self, tokenizer, max_pieces: int = 8192, max_chars: int = 8 << 20):
+        self.tok = tokenizer
+        self.max_pieces, self.max_chars = max_pieces, max_chars
+        self._ids: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._chars = 0
+        self.tokenized = 0  # pieces tokenized so far (the rest came from the kept ones)
+        self._lock = threading.Lock()  # the server's worker and its idle work share one builder
+
+    def __call__(self, pieces: Sequence[str]) -> list[tuple[int, ...]]:
+        with self._lock:
+            found = [self._ids.get(p) for p in pieces]
+            for p, ids in zip(pieces, found):
+                if ids is not None:
+                    self._ids.move_to_end(p)
+        missing = list(dict.fromkeys(p for p, ids in zip(pieces, found) if ids is None))
+        if not missing:
+            return found
+        new = dict(zip(missing, (tuple(x) for x in self.tok(missing, add_special_tokens=False)["input_ids"])))
+        self.tokenized += len(missing)
+        with self._lock:
+            for p, ids in new.items():
+                if p not in self._ids:
+                    self._chars += len(p)
+                self._ids[p] = ids
+            while len(self._ids) > self.max_pieces or self._chars > self.max_chars:
+                self._chars -= len(self._ids.popitem(last=False)[0])
+        return [ids if ids is not None else new[p] for p, ids in zip(pieces, found)]
+
+
+def piece_rule(tokenizer) -> re.Pattern | None:
+    """The first of LINE_START_RULES under which PIECE_CHECK_TEXT's pieces tokenize to the whole's ids;
+    None when neither does (then prompts are tokenized whole)."""
+    whole = tokenizer.encode(PIECE_CHECK_TEXT, add_special_tokens=False)
+    for rule in LINE_START_RULES:
+        starts = [0] + [m.end() for m in rule.finditer(PIECE_CHECK_TEXT)] + [len(PIECE_CHECK_TEXT)]
+        pieces = [PIECE_CHECK_TEXT[a:b] for a, b in zip(starts, starts[1:])]
+        if len(pieces) > 3 and [i for p in pieces for i in tokenizer.encode(p, add_special_tokens=False)] == whole:
+            return rule
+    return None
+
+
 @dataclass
 class PromptParts:
     ids: list[int]
@@ -114,6 +178,8 @@ class PromptBuilder:
         vocab = tokenizer.get_vocab()
         self._special = {s: vocab[s] for s in (self.template.prefix, self.template.suffix, self.template.middle,
                                                self.template.file_sep, self.template.repo_name) if s and s in vocab}
+        self.pieces = PieceTokens(tokenizer)
+        self.piece_rule = piece_rule(tokenizer)
 
     def blank_healing(self, vocab_size: int) -> BlankHealing:
         """How this prompt's trailing blanks are healed: the first token must write them itself."""
@@ -135,6 +201,46 @@ class PromptBuilder:
             return [], len(prefix)
         # Only a tail can fit: tokenizing a whole 10 MB file on every keystroke would not do.
         window = max(0, len(prefix) - budget * MAX_CHARS_PER_TOKEN)
+        if self.piece_rule is not None:
+            fitted = self._fit_prefix_by_pieces(prefix, budget, window)
+            if fitted is not None:
+                return fitted
+        return self._fit_prefix_whole(prefix, budget, window)
+
+    def _fit_prefix_by_pieces(self, prefix: str, budget: int, window: int) -> tuple[list[int], int] | None:
+        """_fit_prefix from the ids of the prefix's lines (piece_rule's pieces), nearly all of them kept
+        from the last keystroke: the same ids as tokenizing prefix[cut:] whole. None where no step line
+        is in reach (the whole tail then decides a cut mid-line)."""
+        starts = ([0] if window == 0 else []) + [m.end() for m in self.piece_rule.finditer(prefix, window)]
+        if not starts:
+            return None
+        ids = self.pieces([prefix[a:b] for a, b in zip(starts, starts[1:] + [len(prefix)])])
+        k, total = len(ids), 0  # the pieces from k on fit, with piece k - 1 they do not
+        while k > 0 and total + len(ids[k - 1]) <= budget:
+            k -= 1
+            total += len(ids[k])
+        if k == 0 and starts[0] == 0:
+            return [i for p in ids for i in p], 0
+        # The cut: the first line numbered a multiple of PREFIX_CUT_STEP from which the rest fits. It
+        # cannot lie before piece k - 1 (all of that piece and the ones after would not fit).
+        cut = starts[k - 1] if k > 0 else window
+        if cut and prefix[cut - 1] != "\n":
+            cut = prefix.find("\n", cut) + 1
+            if not cut:
+                return None
+        line = prefix.count("\n", 0, cut)
+        while cut > 0 or line == 0:
+            if line % PREFIX_CUT_STEP == 0:
+                j = bisect.bisect_left(starts, cut)  # the first piece from the cut on
+                end = starts[j] if j < len(starts) else len(prefix)
+                out = [i for p in ([self.pieces([prefix[cut:end]])[0]] if cut < end else []) + ids[j:] for i in p]
+                if len(out) <= budget:
+                    return out, cut
+            cut = prefix.find("\n", cut) + 1
+            line += 1
+        return None
+
+    def _fit_prefix_whole(self, prefix: str, budget: int, window: int) -> tuple[list[int], int]:
         tail = prefix[window:]
         enc = self.tok(tail, add_special_tokens=False, return_offsets_mapping=True)
         if window == 0 and len(enc["input_ids"]) <= budget:
@@ -202,8 +308,10 @@ class PromptBuilder:
         closing = [sp[t.file_sep]] + self.encode(f"{path or 'current'}\n")
         room -= len(header)  # the closing line's few tokens come out of the prompt's margin (build: - 8)
         used = 0
-        for f in context:
-            ids = [sp[t.file_sep]] + self.encode(f"{f.path}\n{f.text.rstrip()}\n")
+        # kept by text: a selection stays the same over many keystrokes (decoding/repository/selection.py)
+        sections = self.pieces([f"{f.path}\n{f.text.rstrip()}\n" for f in context])
+        for section in sections:
+            ids = [sp[t.file_sep], *section]
             if len(ids) > room:
                 continue  # a smaller file later in the list may still fit
             header += ids

@@ -19,9 +19,10 @@ from typing import Callable
 
 from decoding.errors import DraftwiseError
 from decoding.models import paths, quality_gate
+from decoding.models.paths import atomic_write
 from decoding.models.loading import device_key
 from decoding.models.specs import model_key
-from decoding.models.weights import FORMATS, implementation, kernel_problem
+from decoding.models.weights import FORMATS, implementation, kernel_problem, quantization_measured
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +123,7 @@ class TimingCache:
         data.setdefault(key, {})[implementation(fmt)] = asdict(timing)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data, indent=1))
-            tmp.replace(self.path)
+            atomic_write(self.path, json.dumps(data, indent=1))
         except OSError as exc:  # a read-only home only costs the next start a measurement
             log.warning("could not keep weight timings in %s: %s", self.path, exc)
 
@@ -156,6 +155,19 @@ def _pick(timings: dict[str, FormatTiming], fastest: str, quality: dict[str, flo
     return max(close, key=lambda f: (quality.get(f, float("-inf")), -timings[f].reference_s))
 
 
+def _gated(gate: Callable[[str], tuple[list[str], str]], key: str, not_eligible: dict[str, str]):
+    """The formats the quality gate lets a target use, and its verdict's source; the others go to
+    not_eligible with why. A format's verdict holds where its quantization is the one measured."""
+    candidates, why = gate(key)
+    candidates = list(candidates)
+    not_eligible.update({f: why for f in FORMATS if f not in candidates})
+    for f in [f for f in candidates if not quantization_measured(f)]:
+        not_eligible[f] = (f"{f} here is {implementation(f).split('-')[1]}'s quantization, which the quality "
+                           "gate never measured")
+        candidates.remove(f)
+    return candidates, why
+
+
 def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | None = None,
                     gate: Callable[[str], tuple[list[str], str]] = quality_gate.eligible_formats):
     """Load the model in the format `auto` picks. Returns (LoadedModel, WeightsChoice)."""
@@ -168,8 +180,7 @@ def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | 
     if role == "draft":
         candidates, why = list(FORMATS), "a draft model may use any format: the output stays the target's"
     else:
-        candidates, why = gate(key)
-        not_eligible.update({f: why for f in FORMATS if f not in candidates})
+        candidates, why = _gated(gate, key, not_eligible)
     candidates = _runnable(candidates, device, not_eligible, spec.value)
     if not candidates:
         raise DraftwiseError(f"no weight format can run for {key} on {device}: {not_eligible}")

@@ -21,10 +21,6 @@ HERE = Path(__file__).resolve().parent
 
 def server_command(extra: list[str]) -> list[str]:
     exe = shutil.which("draftwise") or str(Path(sys.executable).with_name("draftwise"))
-    # The demo asks for two suggestions and exits: compiled graphs (built in the background, live
-    # after half a minute even from the cache) would never serve it, only compete with it for the CPU.
-    if not any(flag == "--compile" or flag.startswith("--compile=") for flag in extra):
-        extra = [*extra, "--compile", "off"]
     return [exe, "serve", *extra]
 
 

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from decoding.api import COMPILE_SETTINGS, DRAFTERS, SCOPES, WEIGHT_FORMATS, EngineConfig
+from decoding.api import DRAFTERS, SCOPES, WEIGHT_FORMATS, EngineConfig
 
 SECTION = "draftwise"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -31,7 +31,7 @@ REPO_CONTEXT_TOKENS_RANGE = (0, 65536)
 
 # Changing any of these means different weights: the engine reloads. (The prompt budget, drafter,
 # max tokens and temperature travel with each request.)
-ENGINE_FIELDS = ("target", "draft", "device", "dtype", "weights", "draft_weights", "compile")
+ENGINE_FIELDS = ("target", "draft", "device", "dtype", "weights", "draft_weights")
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,6 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "dtype": (_choice(DTYPES), "engine.dtype"),
     "weights": (_choice(WEIGHT_FORMATS), "engine.weights"),
     "draftWeights": (_choice(WEIGHT_FORMATS), "engine.draft_weights"),
-    "compile": (_choice(COMPILE_SETTINGS), "engine.compile"),
     "contextTokens": (_int_range(*CONTEXT_TOKENS_RANGE), "engine.context_tokens"),
     "temperature": (_temperature, "temperature"),
     "languages": (_languages, "languages"),

@@ -182,6 +182,7 @@ class EngineHost:
             "device": info.get("device") or config.device,
             "dtype": info.get("dtype") or config.dtype,
             "weights": info.get("weights") or config.weights,
+            "kernel": info.get("kernel"),  # what runs the format here: kernel, ISA, forward code's hash
             "weightsReason": info.get("weights_reason"),
             "draftWeights": info.get("draft_weights") or (config.draft_weights if config.draft else None),
             "fimTemplate": info.get("fim_template"),
@@ -197,12 +198,8 @@ class EngineHost:
             # the job computing now (document, idle or not, characters written so far), or None
             "running": engine_stats.get("running"),
             "remote": remote,
-            # the forward that runs and the exactness probe's verdict (listed last: the editors' stats
-            # views show the request figures first)
-            "forward": info.get("forward"),
-            # decode and verify forwards on compiled graphs (the `compile` setting, and how far it got)
-            "compiled": bool(info.get("compiled")),
-            "compile": info.get("compile"),
+            # the exactness probe's verdict (listed last: the editors' stats views show the request
+            # figures first)
             "verify": info.get("verify"),
         }
 

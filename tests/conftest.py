@@ -1,13 +1,7 @@
 """Shared fixtures: tiny deterministic models (built once per session) and the real 0.5B pack."""
 from __future__ import annotations
 
-import os
-
 import pytest
-
-# Engines and servers the tests start run eager unless a test asks for compiled graphs: each would
-# otherwise compile in the background for minutes and compete with the test for the CPU.
-os.environ.setdefault("DRAFTWISE_COMPILE", "off")
 
 from decoding.models import pack
 from decoding.models.specs import PRESETS

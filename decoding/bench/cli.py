@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="benchmark on this repository's files (default: the Python standard library, installed "
                         "packages' sources, C headers and global npm packages on this machine)")
     g.add_argument("--limit", type=_positive, default=8, metavar="N", help="number of cases (default: %(default)s)")
+    g.add_argument("--threads", type=_positive, metavar="N",
+                   help="the engine's torch threads (default: torch's, one a core); more than the cores "
+                        "is slow but computes what such a machine computes")
     g.add_argument("--languages", metavar="LIST",
                    help="comma-separated languages, e.g. python,javascript,c (default: every one found)")
     g.add_argument("--seed", type=int, default=0, help="seed for sampling files and cursor positions (default: 0)")
@@ -106,15 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--repo-context", default="off,on", metavar="LIST",
                    help="the cross-file cases' runs without (off) and with (on) the repository context: rows "
                         "MODE@FORMAT and MODE@FORMAT+context (default: %(default)s)")
-    g.add_argument("--compile", dest="compile_arg", default="off", metavar="LIST",
-                   help="run each format's engine modes eager (off) and on compiled graphs (on): rows MODE@FORMAT "
-                        "and MODE@FORMAT+compile; the graphs are built (or loaded from the cache) before timing "
-                        "(default: %(default)s)")
     g.add_argument("--serve-rss", action="store_true",
                    help="also start `draftwise serve` once per format and measure its resident memory")
     g.add_argument("--serve-start", action="store_true",
-                   help="also start `draftwise serve` with --compile off and on (the first weights format; its "
-                        "graphs from the on-disk cache, as on a second start) and time each to its first "
+                   help="also start `draftwise serve` (the first weights format) and time it to its first "
                         "suggestion; measured first, on a quiet machine; with --limit 0 and no --cross-file, alone")
     g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
     g.add_argument("--json", dest="json_path", metavar="FILE", help="write every number measured to FILE")
@@ -146,18 +144,9 @@ def parse_formats(text: str | None) -> list[str]:
     return formats
 
 
-def parse_compile(text: str | None) -> list[str]:
-    modes = list(dict.fromkeys(m.strip() for m in (text or "off").split(",") if m.strip()))
-    if not modes or any(m not in ("off", "on") for m in modes):
-        raise DraftwiseError(f"--compile takes off, on or off,on, got {text!r}")
-    return modes
-
-
-def load_engines(config, formats: list[str], say, compiles: tuple[str, ...] = ("off",),
-                 notes: dict | None = None) -> tuple[dict, object, str]:
-    """One engine per weight format, `auto` resolved to the format it picks (listed first), eager
-    and/or on compiled graphs (key FORMAT+compile). Returns (key -> engine, the fp32 engine the
-    Hugging Face baselines use, auto's reason). notes: why a compiled row is missing, per key."""
+def load_engines(config, formats: list[str], say) -> tuple[dict, object, str]:
+    """One engine per weight format, `auto` resolved to the format it picks (listed first). Returns
+    (format -> engine, the fp32 engine the Hugging Face baselines use, auto's reason)."""
     from dataclasses import replace
 
     from decoding.engine import Engine
@@ -165,25 +154,18 @@ def load_engines(config, formats: list[str], say, compiles: tuple[str, ...] = ("
     engines: dict = {}
     reason = ""
     for fmt in sorted(formats, key=lambda f: f != "auto"):
-        for compiled in sorted(compiles, key=lambda c: c != "off"):
-            if fmt != "auto" and (fmt if compiled == "off" else f"{fmt}+compile") in engines:
-                continue
-            say(f"loading {fmt} weights" + (", compiling" if compiled == "on" else ""))
-            engine = Engine(replace(config, weights=fmt, compile=compiled))
-            engine.load()
-            chosen = engine.models.target.weights
-            if fmt == "auto":
-                reason = engine.models.weights.reason
-            key = chosen if compiled == "off" else f"{chosen}+compile"
-            if compiled == "on" and engine.wait_compiled() != "compiled":
-                if notes is not None:
-                    notes[key] = f"not compiled: {engine.info()['compile']['state']}"
-                engine.close()
-                continue
-            if key in engines:
-                engine.close()
-                continue
-            engines[key] = engine
+        if fmt != "auto" and fmt in engines:
+            continue
+        say(f"loading {fmt} weights")
+        engine = Engine(replace(config, weights=fmt))
+        engine.load()
+        chosen = engine.models.target.weights
+        if fmt == "auto":
+            reason = engine.models.weights.reason
+        if chosen in engines:
+            engine.close()
+            continue
+        engines[chosen] = engine
     reference = engines.get("fp32")
     if reference is None:  # hf-plain is always fp32: the reference every speedup is measured against
         say("loading fp32 weights for the transformers baselines")
@@ -202,6 +184,10 @@ def run(args) -> int:
         raise DraftwiseError("--limit must be at least 1 (or 0 with --cross-file N, --corpus-context N or --serve-start)")
     if args.repeats < 1:
         raise DraftwiseError("--repeats must be at least 1")
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
     for flag in ("plot", "json_path"):
         out = getattr(args, flag)
         if out and not Path(out).expanduser().resolve().parent.is_dir():
@@ -259,7 +245,6 @@ def run(args) -> int:
         draft_weights=getattr(args, "draft_weights", "auto"),
         context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens),
         trust_remote_code=getattr(args, "trust_remote_code", False),
-        compile="off",  # compiled engines only where --compile asks (rows +compile)
     )
     typing_drafter = getattr(args, "drafter", None) or "auto"
     if typing_drafter == "none":
@@ -273,10 +258,7 @@ def run(args) -> int:
     )
     load_before = _load_average()
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:
-        compile_notes: dict = {}
-        engines, reference, auto_reason = load_engines(config, formats, bar.set_description_str,
-                                                       tuple(parse_compile(getattr(args, "compile_arg", None))),
-                                                       compile_notes)
+        engines, reference, auto_reason = load_engines(config, formats, bar.set_description_str)
     engine = next(iter(engines.values()))
     try:
         bench = Bench(engines, cases, settings, target_spec=args.target, reference=reference,
@@ -310,10 +292,8 @@ def run(args) -> int:
         # the format `auto` chose passed the exactness probe at every verify width: drafting cannot change its text
         "auto_exact": next(iter(engines.values())).models.target_runner.verify_exact if "auto" in formats else None,
         "auto_weights_reason": auto_reason or None, "weights_choice": info.get("weights_choice"),
-        "draft_weights": info.get("draft_weights"), "serve_rss_mib": serve_rss, "serve_start": serve_start,
-        # every compiled engine's compile state (seconds to build or load its graphs), and why a row is missing
-        "compile": {key: e.info()["compile"] for key, e in engines.items() if key.endswith("+compile")} or None,
-        "compile_missing": compile_notes or None,
+        "draft_weights": info.get("draft_weights"), "kernel": info.get("kernel"),
+        "serve_rss_mib": serve_rss, "serve_start": serve_start,
         "quality_cases": len(quality_cases),
         "max_tokens": max_tokens, "context_tokens": config.context_tokens, "seed": args.seed, "limit": args.limit,
         "cases": len(cases), "languages": dict(Counter(c.language for c in cases)),
@@ -391,19 +371,16 @@ def _quality_merge(args) -> int:
     return 0
 
 
-def _serve_start(args, weights: str) -> dict:
+def _serve_start(args, weights: str) -> dict | str:
     from decoding.bench.serve_memory import serve_start
 
-    print("timing draftwise serve starts: --compile off, then on", file=sys.stderr)
+    print("timing a draftwise serve start", file=sys.stderr)
     return serve_start(args.target, weights)
 
 
-def _serve_start_only(args, measured: dict) -> int:
-    for mode, row in measured.items():
-        print(f"--compile {mode}: " + (row if isinstance(row, str) else ", ".join(f"{k} {v}" for k, v in row.items())))
-    if isinstance(measured.get("off"), dict) and isinstance(measured.get("on"), dict):
-        print(f"a compiled start's first suggestion: {measured['on']['first_suggestion_s'] - measured['off']['first_suggestion_s']:+.2f} s "
-              "against an eager start")
+def _serve_start_only(args, measured: dict | str) -> int:
+    print("draftwise serve start: " + (measured if isinstance(measured, str)
+                                       else ", ".join(f"{k} {v}" for k, v in measured.items())))
     if args.json_path:
         from decoding.bench import report
 
@@ -419,7 +396,7 @@ def _crossfile_only(args, weights: str) -> int:
     from decoding.bench import report
     from decoding.engine import Engine
 
-    config = EngineConfig(target=args.target, weights=weights, compile="off", max_tokens=getattr(args, "max_tokens", None) or 48,
+    config = EngineConfig(target=args.target, weights=weights, max_tokens=getattr(args, "max_tokens", None) or 48,
                           device=getattr(args, "device", "auto"),
                           context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens))
     engine = Engine(config)

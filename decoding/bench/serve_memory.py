@@ -1,5 +1,5 @@
 """A real `draftwise serve` as a user starts it: its resident memory per weight format (what a
-user's machine gives up), and how long a start takes to its first suggestion per `--compile` setting.
+user's machine gives up), and how long a start takes to its first suggestion.
 
 Each measurement gets its own server process (one model per process, as users run it), which loads,
 answers one inline completion, and is measured before it shuts down.
@@ -112,35 +112,16 @@ def _measure(target: str, weights: str, extra: list[str], timeout_s: float) -> f
         client.close()
 
 
-def serve_start(target: str, weights: str, compile_modes: tuple[str, ...] = ("off", "on"),
-                timeout_s: float = 900, live_within_s: float = 300) -> dict[str, dict | str]:
-    """Per `--compile` setting, a fresh `draftwise serve`: seconds from spawning it to its first inline
-    suggestion (asked the moment it is ready, as an editor does on opening a file), the forward that
-    answered it, and for a compiled start how long after spawning its graphs were ready (built, or
-    loaded from the on-disk caches a start before left: a second start; `live_s`)."""
-    out: dict[str, dict | str] = {}
-    for mode in compile_modes:
+def serve_start(target: str, weights: str, timeout_s: float = 900) -> dict | str:
+    """A fresh `draftwise serve`: seconds from spawning it to ready, and to its first inline suggestion
+    (asked the moment it is ready, as an editor does on opening a file); or why it was not measured."""
+    try:
+        client, spawned = _started(target, weights, [], timeout_s)
         try:
-            client, spawned = _started(target, weights, ["--compile", mode], timeout_s)
-            try:
-                ready_s = time.monotonic() - spawned
-                _first_suggestion(client)
-                first_s = time.monotonic() - spawned
-                stats = client.request("draftwise/stats") or {}
-                row = {"ready_s": round(ready_s, 2), "first_suggestion_s": round(first_s, 2),
-                       "answered_on": stats.get("forward"), "compile_state": (stats.get("compile") or {}).get("state")}
-                deadline = time.monotonic() + live_within_s
-                while mode != "off" and time.monotonic() < deadline:
-                    compile_ = (client.request("draftwise/stats") or {}).get("compile") or {}
-                    # built: live from the next request on (graphs never switch in the middle of one)
-                    if compile_.get("state") in ("live", "built", "off") or str(compile_.get("state", "")).startswith("failed"):
-                        row.update(live_s=round(time.monotonic() - spawned, 2), compile_state=compile_.get("state"),
-                                   compile_seconds=compile_.get("seconds"))
-                        break
-                    time.sleep(0.25)
-                out[mode] = row
-            finally:
-                client.close()
-        except Exception as exc:  # noqa: BLE001 - one setting failing must not lose the bench
-            out[mode] = f"not measured: {type(exc).__name__}: {exc}".splitlines()[0]
-    return out
+            ready_s = time.monotonic() - spawned
+            _first_suggestion(client)
+            return {"ready_s": round(ready_s, 2), "first_suggestion_s": round(time.monotonic() - spawned, 2)}
+        finally:
+            client.close()
+    except Exception as exc:  # noqa: BLE001 - a start that fails must not lose the bench
+        return f"not measured: {type(exc).__name__}: {exc}".splitlines()[0]

@@ -1,6 +1,7 @@
 """Load a model named by a spec: safetensors only, trust_remote_code off unless asked."""
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import socket
@@ -136,7 +137,6 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
         raise ModelLoadError(f"out of memory while loading '{spec_text}' (injected fault)")
     if role == "draft" and faults.trip("draft_load_error"):
         raise ModelLoadError(f"could not load '{spec_text}': injected fault")
-
     spec = parse_model_spec(spec_text)
     dev, torch_dtype = resolve_device(device, dtype)
     if weights is not None:
@@ -148,36 +148,80 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
         torch_dtype = formats.load_dtype(weights)
     source, extra = model_source(spec)
     try:
-        tokenizer = _tokenizer(source, extra, trust_remote_code)
+        # the tokenizer (~1 s, much of it parsing its JSON) is read while a kept quantized model maps;
+        # transformers' lazy module is resolved here first, not in both threads at once
+        from transformers import AutoTokenizer  # noqa: F401
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            reading = pool.submit(_tokenizer, source, extra, trust_remote_code)
+            kept = (_kept_static_decoder(source, weights, trust_remote_code)
+                    if weights in formats.QUANTIZED and dev.type == "cpu" and not extra else None)
+            tokenizer = reading.result()
+        if kept is not None:
+            return LoadedModel(kept, tokenizer, spec, dev, formats.compute_dtype(weights), _display_name(spec), weights)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, trust_remote_code=trust_remote_code,
             use_safetensors=None if "gguf_file" in extra else True, **extra,
         )
-    except torch.cuda.OutOfMemoryError as exc:
-        raise ModelLoadError(f"out of GPU memory while loading '{spec_text}'; try a smaller model or --device cpu") from exc
-    except MemoryError as exc:
-        raise ModelLoadError(f"out of memory while loading '{spec_text}'") from exc
     except Exception as exc:  # corrupted files surface as many types (SafetensorError, OSError, ...)
-        if not trust_remote_code and "trust_remote_code" in str(exc):
-            raise ModelLoadError(
-                f"'{spec_text}' needs to run code that ships with the model, which is off by default. Only "
-                "if you trust its author: start the server with --trust-remote-code (the setting cannot "
-                "be changed from the editor)") from exc
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelLoadError(f"could not load '{spec_text}': {first}") from exc
+        raise _load_error(spec_text, exc, trust_remote_code) from exc
     model.to(dev).eval()
     if weights in formats.QUANTIZED:
-        model = _quantized(model, weights, dev)
+        model = _quantized(model, weights, dev, None if extra else source)
         torch_dtype = formats.compute_dtype(weights)
     name = _display_name(spec)
     fmt = weights or {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[torch_dtype]
     return LoadedModel(model, tokenizer, spec, dev, torch_dtype, name, fmt)
 
 
-def _quantized(model, fmt: str, device):
+def _load_error(spec_text: str, exc: Exception, trust_remote_code: bool) -> ModelLoadError:
+    """What went wrong reading a checkpoint, said for the user."""
+    import torch
+
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return ModelLoadError(f"out of GPU memory while loading '{spec_text}'; try a smaller model or --device cpu")
+    if isinstance(exc, MemoryError):
+        return ModelLoadError(f"out of memory while loading '{spec_text}'")
+    if not trust_remote_code and "trust_remote_code" in str(exc):
+        return ModelLoadError(
+            f"'{spec_text}' needs to run code that ships with the model, which is off by default. Only "
+            "if you trust its author: start the server with --trust-remote-code (the setting cannot "
+            "be changed from the editor)")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ModelLoadError(f"could not load '{spec_text}': {first}")
+
+
+def _kept_static_decoder(source: str, fmt: str, trust_remote_code: bool):
+    """The static forward in `fmt` from the quantized model kept on disk (decoding/models/
+    quantized_store.py), or None: none kept, or an architecture the static forward does not take."""
+    from transformers import AutoConfig
+
+    from decoding.models import quantized_store
+    from decoding.models.static_decoder import STATIC_CONTEXT, StaticDecoder, unsupported
+
+    where = quantized_store.path_for(source, fmt)
+    if where is None or not where.exists():
+        return None
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        if unsupported(config, STATIC_CONTEXT):
+            return None
+        decoder = StaticDecoder(quantized_store.meta_skeleton(config), fmt, STATIC_CONTEXT)
+    except Exception as exc:  # noqa: BLE001 - the checkpoint path still loads: quantize again
+        log.warning("kept %s model %s not used (%s: %s): quantizing again", fmt, where.name, type(exc).__name__, exc)
+        return None
+    if not quantized_store.load(decoder, where):
+        return None
+    log.info("%s weights read from %s", fmt, where)
+    return decoder
+
+
+def _quantized(model, fmt: str, device, source: str | None = None):
     """int8 / int4: the static-shape forward where it knows the architecture (exact at every verify
     width, without transformers' per-layer Python), else transformers' model with its linear
-    layers swapped for quantized ones."""
+    layers swapped for quantized ones. The static forward's buffers are kept for the next start
+    (source: the checkpoint's directory)."""
+    from decoding.models import quantized_store
     from decoding.models import weights as formats
     from decoding.models.static_decoder import STATIC_CONTEXT, StaticDecoder, unsupported
 
@@ -186,6 +230,9 @@ def _quantized(model, fmt: str, device):
         decoder = StaticDecoder(model, fmt, STATIC_CONTEXT)
         del model
         formats.return_freed_memory()
+        where = quantized_store.path_for(source, fmt) if source else None
+        if where is not None:
+            quantized_store.save(decoder, where)
         return decoder
     log.info("%s weights on transformers' forward: the static forward does not take %s", fmt, why)
     return formats.convert(model, fmt)

@@ -16,6 +16,7 @@
 // fp16 scales and 16 fp16 lows; a weight is code * scale + low.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "q4_kernel_ops.h"  // the ops' checks and their registration
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -144,15 +145,10 @@ inline void q8_block_rows(const int8_t* w, const uint8_t* const* u, int64_t k, _
 // scale [N] float32 -> [M, N] float32 = (float(int8(x) . w) * x_scale) * scale
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_sums,
                      const at::Tensor& scale) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "q8_linear: x must be [M, K] float32");
-  TORCH_CHECK(packed.scalar_type() == at::kChar && packed.dim() == 3 && packed.size(2) == 64 &&
-              packed.is_contiguous(), "q8_linear: packed must be contiguous [N/16, K/4, 64] int8");
-  const auto xc = x.contiguous();
+  const auto xc = draftwise_ops::checked_q8(x, packed, scale);
   const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0), n = blocks * 16;
-  TORCH_CHECK(packed.size(1) * 4 == k, "q8_linear: shapes");
-  TORCH_CHECK(weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n && weight_sums.is_contiguous() &&
-              scale.scalar_type() == at::kFloat && scale.numel() == n && scale.is_contiguous(),
-              "q8_linear: weight_sums int32 [N] and scale float32 [N]");
+  TORCH_CHECK(weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n && weight_sums.is_contiguous(),
+              "q8_linear: weight_sums must be int32 [N]");
   auto out = at::empty({m, n}, xc.options());
   auto xu = at::empty({m, k}, xc.options().dtype(at::kByte));
   auto xs = at::empty({m}, xc.options());
@@ -201,15 +197,8 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
 // x [M, K] float32; packed [N/16, K/8, 64] uint8; scales, lows [N/16, K/group, 16] fp16 -> [M, N] float32
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                      const at::Tensor& lows, int64_t group) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "q4_linear: x must be [M, K] float32");
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 64, "q4_linear: packed");
-  const auto xc = x.contiguous();
+  const auto xc = draftwise_ops::checked_q4(x, packed, scales, lows, group);
   const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0);
-  TORCH_CHECK(packed.size(1) * 8 == k && k % group == 0 && group % 8 == 0, "q4_linear: shapes");
-  TORCH_CHECK(packed.is_contiguous() && scales.is_contiguous() && lows.is_contiguous(), "q4_linear: layout");
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && lows.scalar_type() == at::kHalf &&
-              scales.numel() == blocks * (k / group) * 16 && lows.numel() == scales.numel(),
-              "q4_linear: scales and lows must be fp16 [N/16, K/group, 16]");
   auto out = at::empty({m, blocks * 16}, xc.options());
   auto xq = at::empty({m, k}, xc.options().dtype(at::kChar));
   auto xs = at::empty({m}, xc.options());
@@ -254,14 +243,4 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
     }
   });
   return out;
-}
-
-TORCH_LIBRARY(draftwise, lib) {
-  lib.def("q4_linear(Tensor x, Tensor packed, Tensor scales, Tensor lows, int group) -> Tensor");
-  lib.def("q8_linear(Tensor x, Tensor packed, Tensor weight_sums, Tensor scale) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(draftwise, CPU, lib) {
-  lib.impl("q4_linear", &q4_linear);
-  lib.impl("q8_linear", &q8_linear);
 }

@@ -1,6 +1,7 @@
-"""int4 and int8 weights x int8 activations on AVX-512 VNNI: q4_kernel.cpp, built once per machine kind.
+"""int4 and int8 weights x int8 activations: q4_kernel.cpp (AVX-512 VNNI), q4_kernel_avx2.cpp or q4_kernel_neon.cpp
+(aarch64), built once per machine.
 
-The int4 format's linears run here where the CPU has AVX-512 VNNI (and a C++ compiler is present),
+The int4 format's linears run here where the CPU has AVX-512 VNNI, AVX2 or ARM's dot product (and a C++ compiler),
 else on ATen's int4 kernel (decoding/models/weights.py: Int4Linear); so do Int8Linear's (the int8
 format's layers, both quantized formats' lm_head), else on `torch._int_mm`, to the same bits. Why,
 and the layouts: the .cpp file's comments. The extension is built by torch's cpp_extension (ninja) into
@@ -8,69 +9,43 @@ $DRAFTWISE_HOME/extensions the first time (~40 s on 2 cores) and loaded from the
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
-import shutil
-import sys
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from decoding.models import kernel_build
 
 log = logging.getLogger(__name__)
 
 GROUP = 32  # inputs per scale and low: Q4_1's group, 5 bits a weight with fp16 scales and lows
 BLOCK = 16  # outputs per block: one 32-bit lane each of a 512-bit register
 SOURCE = Path(__file__).with_name("q4_kernel.cpp")
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni", "f16c", "fma")
-CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-mf16c", "-mfma", "-fopenmp"]
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        return set()
-    return set(line.split(":", 1)[-1].split())
+# the kernel's source and compiler flags on each instruction set it is written for
+SOURCES = {
+    "avx512vnni": (SOURCE, ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mf16c", "-mfma"]),
+    "avx2": (SOURCE.with_name("q4_kernel_avx2.cpp"), ["-mavx2", "-mfma", "-mf16c"]),
+    "neon": (SOURCE.with_name("q4_kernel_neon.cpp"), ["-march=armv8.2-a+dotprod"]),
+}
 
 
 @functools.lru_cache(maxsize=1)
 def problem() -> str | None:
     """Why the kernel cannot run here (None: it is built and loaded)."""
-    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
-    if missing:
-        return f"the CPU lacks {', '.join(missing)}"
-    if not (shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")):
-        return "no C++ compiler to build it"
-    from decoding.models import paths
-    from torch.utils import cpp_extension
-
-    # ninja from the package's environment, where PATH may not reach it
-    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    where = paths.draftwise_home() / "extensions" / f"q4_kernel-torch{torch.__version__}"
-    if not any(where.glob("*.so")):
-        log.info("building the int4 kernel into %s (once per machine and torch version, ~40 s)", where)
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load("draftwise_q4_kernel", [str(SOURCE)], extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
-                           build_directory=str(where), is_python_module=False, verbose=False)
-    except Exception as exc:  # noqa: BLE001 - a failed build costs this kernel, not the load
-        log.warning("int4 kernel not built (%s: %s): int4 runs on ATen's kernel", type(exc).__name__, exc)
-        return f"build failed: {type(exc).__name__}"
-    _register_fake()
-    return None
-
-
-def _register_fake() -> None:
-    @torch.library.register_fake("draftwise::q4_linear")
-    def _(x, packed, scales, lows, group):
-        return x.new_empty((x.shape[0], packed.shape[0] * BLOCK))
-
-    @torch.library.register_fake("draftwise::q8_linear")
-    def _(x, packed, weight_sums, scale):
-        return x.new_empty((x.shape[0], packed.shape[0] * BLOCK))
+    isa = kernel_build.isa()
+    if isa not in SOURCES:
+        forced = os.environ.get("DRAFTWISE_ISA", "auto") not in ("", "auto")
+        return f"DRAFTWISE_ISA={isa}" if forced else f"no kernel for {isa} CPUs"
+    if isa == "neon" and not kernel_build.arm_dot_product():
+        return "the CPU lacks ARM's dot-product extension (asimddp)"
+    source, flags = SOURCES[isa]
+    return kernel_build.build("draftwise_q4_kernel", source, flags, f"int8/int4 {isa}")
 
 
 def _fit_groups(groups: torch.Tensor, refits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,10 +157,16 @@ def cached_pack(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor,
     from decoding.models import paths
 
     w = weight.detach().float().contiguous()
+    if w.is_meta:  # a layout only (decoding/models/quantized_store.py fills it from disk)
+        n, k = w.shape
+        grid = torch.empty(n // BLOCK, k // group, BLOCK, dtype=torch.float16, device="meta")
+        return torch.empty(n // BLOCK, k // 8, 64, dtype=torch.uint8, device="meta"), grid, grid.clone()
     digest = hashlib.blake2b(w.numpy().tobytes(), digest_size=16).hexdigest()
     where = paths.draftwise_home() / "packed" / f"{digest}-g{group}-v{PACK_VERSION}.safetensors"
     try:
         kept = load_file(str(where))
+        with contextlib.suppress(OSError):  # used: eviction keeps the most recently used
+            os.utime(where)
         return kept["packed"], kept["scales"], kept["lows"]
     except (OSError, KeyError, ValueError, RuntimeError):  # not there yet, or a torn file
         pass
@@ -195,9 +176,13 @@ def cached_pack(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor,
         tmp = where.with_suffix(f".tmp{os.getpid()}")
         save_file({"packed": packed, "scales": scales, "lows": lows}, str(tmp))
         tmp.replace(where)
+        paths.evict_least_recently_used(where.parent, PACKED_BYTES)
     except OSError as exc:
         log.warning("could not keep packed int4 weights in %s: %s", where.parent, exc)
     return packed, scales, lows
+
+
+PACKED_BYTES = 3 << 30  # packed layers kept: a 1.5B's and a 0.5B's int4 layers with room to spare
 
 
 class Q4Linear(nn.Module):

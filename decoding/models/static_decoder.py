@@ -1,23 +1,28 @@
 """The target's forward written for fixed shapes (gpt-fast style), so that every row it computes is
-exactly the row a one-token step computes, and so that `torch.compile` can fuse it.
+exactly the row a one-token step computes, at any number of rows and of threads.
 
 A forward takes `n` token ids at consecutive positions from `start` and appends their keys and
 values to the cache. Its cost has three parts: the linear layers (the weights read once per
 forward), attention (compute that grows with `n` times the keys read), and a few hundred small
-element-wise ops (what eager PyTorch pays per op; what compilation fuses away).
+element-wise ops.
 
-Why each row is exact, whatever `n` and however the sequence was split into forwards:
+Why each row is exact, whatever `n`, the thread count and however the sequence was split into
+forwards:
 - the linear layers compute each row on its own (int8: integer products of a row quantized with
   its own scale; int4: decoding/models/q4_kernel.py's kernel, the same per row, or ATen's, which
   runs rows independently);
-- a row at position p attends over a window of keys that depends on p alone (the first
-  roundup(p + 1, WINDOW_STEP) cache positions, later ones masked): a longer window would change how
-  the row's sums are split even where its extra keys are masked, so rows of one forward whose
-  windows differ are computed in one batched matmul per window;
-- norms and softmax reduce along a row.
+- attention: decoding/models/row_ops.cpp computes each (row, head) as one task in an order of its
+  own, over exactly the keys at positions 0..p. Where it cannot run (no C++ compiler, bf16
+  activations), torch's batched matmuls on one thread, a row at position p attending over a window
+  of keys that depends on p alone (the first roundup(p + 1, WINDOW_STEP) cache positions, later ones
+  masked): a longer window would change how the row's sums are split even where its extra keys are
+  masked, so rows of one forward whose windows differ are computed in one batched matmul per window;
+- SiLU runs on few enough rows per call that ATen keeps each call on one thread (row_ops.silu);
+  norms and softmax reduce along a row.
 So the cache a prompt leaves is the same bit for bit whether it was read at once, in chunks or one
 token at a time, and a verify row is a decode step. The exactness probe (decoding/runners/
-exactness.py) checks the kernels keep that promise on the device.
+exactness.py) checks the kernels keep that promise on the device; tests/engine/test_row_invariance.py
+at 1 to 16 threads.
 
 Supported: Llama-family decoders (Qwen2, Llama, Mistral) with plain rotary embeddings. Others run
 on transformers' own forward (decoding/runners/hf.py).
@@ -28,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from decoding.models import q4_kernel
+from decoding.models import q4_kernel, row_ops
 from decoding.models.weights import Int4Linear, Int8Embedding, Int8Linear, compute_dtype, int4_groups, int8_rows
 
 ARCHITECTURES = ("qwen2", "llama", "mistral")
@@ -87,11 +92,15 @@ class Dense(nn.Module):
 def _linear(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | None]) -> nn.Module:
     """One layer computing several projections of the same input (their outputs side by side): one
     weight read and one activation quantization instead of several."""
-    weight = torch.cat([w.detach().float() for w in weights])
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([b.detach().float() if b is not None else torch.zeros(w.shape[0])
-                          for w, b in zip(weights, biases)])
+    if weights[0].is_meta:  # a layout, filled from a kept file (decoding/models/quantized_store.py)
+        weight = torch.empty(sum(w.shape[0] for w in weights), weights[0].shape[1], device="meta")
+        bias = torch.empty(weight.shape[0], device="meta") if any(b is not None for b in biases) else None
+    else:
+        weight = torch.cat([w.detach().float() for w in weights])
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat([b.detach().float() if b is not None else torch.zeros(w.shape[0])
+                              for w, b in zip(weights, biases)])
     # int8 computes each row with its own scale and sums integers; the int4 kernel runs rows on
     # their own: a row's result never depends on the other rows
     if fmt == "int8":
@@ -144,13 +153,18 @@ class StaticDecoder(nn.Module):
         # lm_head, one row read per token), the lm_head's own buffers where the checkpoint ties them
         table = inner.embed_tokens.weight
         if isinstance(self.lm_head, Int8Linear):
-            tied = head.data_ptr() == table.data_ptr() and self.lm_head.bias is None
+            # the same Parameter where transformers ties them (its data pointer: a checkpoint that
+            # stores one matrix for both); built on the meta device, only the former says anything
+            same = head is table or (not head.is_meta and head.data_ptr() == table.data_ptr())
+            tied = same and self.lm_head.bias is None
             self.embed = Int8Embedding(self.lm_head.qweight, self.lm_head.scale) if tied else \
                 Int8Embedding(*int8_rows(table))
         else:
             self.embed = nn.Embedding.from_pretrained(table.detach().to(self.dtype).clone())
         theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         self.rope_theta = float(theta)
+        # attention by row_ops.cpp where it builds (fp32 activations: int8, int4 on its kernel)
+        self.attention_kernel = row_ops.attention_kernel(self.dtype, self.head_dim)
         self.max_len = 0
         self.resize(-(-max_len // WINDOW_STEP) * WINDOW_STEP)
 
@@ -204,18 +218,26 @@ class StaticDecoder(nn.Module):
         last `keep` rows [keep, V]."""
         n = ids.shape[0]
         self.grow(start + n)
+        x = self.embed(ids).to(self.dtype)
+        cos, sin = self.cos[start:start + n].unsqueeze(1), self.sin[start:start + n].unsqueeze(1)
+        if self.attention_kernel:
+            for i, block in enumerate(self.blocks):
+                q, k, v = self.queries_keys_values(block, x, cos, sin)
+                self.k_cache[i, :, start:start + n] = k
+                self.v_cache[i, :, start:start + n] = v
+                x = self.after_attention(block, x, row_ops.causal_attention(q, self.k_cache[i], self.v_cache[i], start))
+            return self.logits(x[n - keep:])
         pos = torch.arange(start, start + n)
         groups = self.window_groups(start, n)
         masks = [self.visible(pos[a:b], w) for a, b, w in groups]
-        x = self.embed(ids).to(self.dtype)
-        cos, sin = self.cos[start:start + n].unsqueeze(1), self.sin[start:start + n].unsqueeze(1)
         for i, block in enumerate(self.blocks):
             rows, k, v = self.attention_inputs(block, x, cos, sin)
             self.k_cache[i, :, start:start + n] = k
             self.v_cache[i, :, start:start + n] = v
-            parts = [self.attend(rows[:, :, a:b], self.k_cache[i, :, :w], self.v_cache[i, :, :w], visible)
-                     for (a, b, w), visible in zip(groups, masks)]
-            x = self.after_attention(block, x, parts[0] if len(parts) == 1 else torch.cat(parts, dim=2))
+            with row_ops.one_thread():
+                parts = [self.attend(rows[:, :, a:b], self.k_cache[i, :, :w], self.v_cache[i, :, :w], visible)
+                         for (a, b, w), visible in zip(groups, masks)]
+            x = self.after_attention(block, x, self.merge_heads(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)))
         return self.logits(x[n - keep:])
 
     def visible(self, pos: torch.Tensor, window: int) -> torch.Tensor:
@@ -224,19 +246,27 @@ class StaticDecoder(nn.Module):
         return (torch.arange(window).unsqueeze(0) <= pos.unsqueeze(1)).unsqueeze(0).expand(self.group, n, window) \
             .reshape(1, self.group * n, window)
 
-    # One layer in three parts, shared with the compiled forward (decoding/models/compiled_forward.py),
-    # which writes the cache and picks the window its own way.
-    def attention_inputs(self, block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Query rows grouped per key/value head as (group member, token), scaled: [kvh, g, n, d];
-        and the rows' keys and values as the cache holds them: [kvh, n, d]."""
+    # One layer in parts: the attention kernel's path and torch's share all but attention.
+    def queries_keys_values(self, block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """The rows' queries, rotated and scaled: [n, h, d]; their keys and values as the cache holds
+        them: [kvh, n, d]."""
         n = x.shape[0]
-        h, kvh, d, g = self.heads, self.kv_heads, self.head_dim, self.group
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
         qkv = block.qkv(self._norm(x, block.norm1)).to(self.dtype)
-        q = self._rotate(qkv[:, :h * d].view(n, h, d), cos, sin)
+        q = self._rotate(qkv[:, :h * d].view(n, h, d), cos, sin) * d ** -0.5
         k = self._rotate(qkv[:, h * d:(h + kvh) * d].view(n, kvh, d), cos, sin)
         v = qkv[:, (h + kvh) * d:].view(n, kvh, d)
-        rows = (q * d ** -0.5).view(n, kvh, g, d).permute(1, 2, 0, 3)
-        return rows, k.transpose(0, 1), v.transpose(0, 1)
+        return q, k.transpose(0, 1), v.transpose(0, 1)
+
+    def attention_inputs(self, block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """queries_keys_values with the queries grouped per key/value head as (group member, token):
+        [kvh, g, n, d], for the batched matmuls of `attend`."""
+        q, k, v = self.queries_keys_values(block, x, cos, sin)
+        return q.view(q.shape[0], self.kv_heads, self.group, self.head_dim).permute(1, 2, 0, 3), k, v
+
+    def merge_heads(self, attended: torch.Tensor) -> torch.Tensor:
+        """attend's [kvh, g, n, d] as the output projection takes it: [n, h * d]."""
+        return attended.permute(2, 0, 1, 3).reshape(attended.shape[2], self.heads * self.head_dim)
 
     def attend(self, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor):
         """rows [kvh, g, m, d] over one window's keys and values [kvh, w, d]: [kvh, g, m, d]."""
@@ -246,11 +276,11 @@ class StaticDecoder(nn.Module):
         return _bmm(probs, values).view(kvh, g, m, d)
 
     def after_attention(self, block: Block, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        n = x.shape[0]
-        x = x + block.o(attended.permute(2, 0, 1, 3).reshape(n, self.heads * self.head_dim)).to(self.dtype)
+        """The rest of a layer, from the heads' outputs [n, h * d]."""
+        x = x + block.o(attended).to(self.dtype)
         gate_up = block.gate_up(self._norm(x, block.norm2))
         half = gate_up.shape[1] // 2
-        return x + block.down((F.silu(gate_up[:, :half]) * gate_up[:, half:]).to(self.dtype)).to(self.dtype)
+        return x + block.down((row_ops.silu(gate_up[:, :half]) * gate_up[:, half:]).to(self.dtype)).to(self.dtype)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         # float logits from the int8 lm_head in both quantized formats (it returns its input's dtype)

@@ -22,7 +22,10 @@ Linear replacements and the conversion below.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -46,6 +49,9 @@ ROW_EXACT_BELOW = 64
 
 def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row of `weight` as int8 with one scale (its largest magnitude maps to 127)."""
+    if weight.is_meta:  # a layout only (decoding/models/quantized_store.py fills it)
+        return (torch.empty(weight.shape, dtype=torch.int8, device="meta"),
+                torch.empty(weight.shape[0], device="meta"))
     w = weight.detach().float()
     scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12)
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous(), scale
@@ -77,7 +83,11 @@ class Int8Linear(nn.Module):
         self.out_features, self.in_features = qweight.shape
         self.vnni = q4_kernel.load() and q4_kernel.fits_int8(self.out_features, self.in_features)
         if self.vnni:
-            self.register_buffer("weight_sums", qweight.sum(1, dtype=torch.int32))
+            # a layout only on the meta device (decoding/models/quantized_store.py fills it): its
+            # reductions would import torch's symbolic shapes (~1.2 s of a start)
+            sums = torch.empty(self.out_features, dtype=torch.int32, device="meta") if qweight.is_meta \
+                else qweight.sum(1, dtype=torch.int32)
+            self.register_buffer("weight_sums", sums)
             qweight = q4_kernel.pack_int8(qweight)
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
@@ -187,16 +197,62 @@ def _int4_fits(linear: nn.Linear) -> bool:
     return n % 8 == 0 and any(k % g == 0 for g in INT4_GROUP_SIZES)
 
 
+def kernel(fmt: str) -> str:
+    """What computes `fmt`'s matmuls and attention here: `q8` / `q4q8` (the VNNI kernels) or `intmm` /
+    `aten` (torch's), with `+rows` where row_ops.cpp computes the static forward's attention."""
+    from decoding.models import row_ops
+
+    if fmt not in QUANTIZED:
+        return "torch"
+    vnni = q4_kernel.load()
+    matmul = ("q4q8" if vnni else "aten") if fmt == "int4" else ("q8" if vnni else "intmm")
+    rows = compute_dtype(fmt) == torch.float32 and row_ops.problem() is None
+    return matmul + ("+rows" if rows else "")
+
+
+# The code whose changes change what a forward computes: kept measurements made with other code are
+# made again.
+FORWARD_CODE = ("weights.py", "static_decoder.py", "q4_kernel.py", "q4_kernel.cpp", "row_ops.py", "row_ops.cpp",
+                "q4_kernel_avx2.cpp", "q4_kernel_neon.cpp", "q4_kernel_neon.h", "q4_kernel_ops.h",
+                "kernel_build.py", "quantized_store.py", "../runners/static.py",
+                "../runners/exactness.py")
+
+
+@functools.lru_cache(maxsize=1)
+def code_hash() -> str:
+    # torch's version and its vector code path (ATEN_CPU_CAPABILITY), which its own ops take
+    digest = hashlib.blake2b(f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()}".encode(), digest_size=6)
+    here = Path(__file__).parent
+    for name in FORWARD_CODE:
+        try:
+            digest.update((here / name).read_bytes())
+        except OSError:  # an install without the file: its name stands in
+            digest.update(name.encode())
+    return digest.hexdigest()
+
+
 def implementation(fmt: str) -> str:
-    """`fmt` with the kernel that runs it here, as kept measurements (exactness, timings) are keyed:
-    another kernel is measured again. The VNNI kernels run int8's layers and both formats' lm_head
-    ("q8": since 2026-12-04; before, `_int_mm` did)."""
-    if fmt in QUANTIZED:
-        kernel = q4_kernel.load()
-        if fmt == "int4":
-            return "int4-q4q8" if kernel else "int4-aten"
-        return "int8-q8" if kernel else "int8"
-    return fmt
+    """`fmt`, the kernel that runs it here, the instruction set it was built for and a hash of the
+    forward's code (FORWARD_CODE), as kept measurements (exactness, timings) are keyed: another
+    kernel, ISA or code is measured again. Starts with `fmt-`."""
+    from decoding.models import kernel_build
+
+    return f"{fmt}-{kernel(fmt)}-{kernel_build.isa()}-{code_hash()}"
+
+
+def build_kernels(say) -> None:
+    """Build every kernel this CPU runs, at set-up (`draftwise models pull`), not while a user waits."""
+    from decoding.models import kernel_build, row_ops
+
+    for what, problem in (("attention", row_ops.problem), ("int8/int4", q4_kernel.problem)):
+        why = problem()
+        say(f"kernel {what} for {kernel_build.isa()}: " + ("ready" if why is None else f"not used ({why})"))
+
+
+def quantization_measured(fmt: str) -> bool:
+    """Whether `fmt` here is the quantization the quality gate measured: int4's grids fitted per group
+    (q4_kernel.pack) exist only on the VNNI kernel; ATen's int4 packs min..max grids, never gated."""
+    return fmt != "int4" or q4_kernel.load()
 
 
 def compute_dtype(fmt: str) -> torch.dtype:
@@ -315,8 +371,11 @@ def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None)
         return None
     if device.type != "cpu":
         return f"{fmt} weights use CPU kernels here; this device is {device.type}"
+    if not q4_kernel.load() and not int_mm_exact():  # both formats' lm_head is int8
+        return (f"{fmt} needs draftwise's int8 kernel on this CPU ({q4_kernel.problem()}): torch's int8 "
+                "matmul saturates its sums here (oneDNN without VNNI)")
     try:
-        if implementation(fmt) == "int4-q4q8":
+        if kernel(fmt).startswith("q4q8"):
             layer = q4_kernel.Q4Linear(nn.Linear(128, 32).weight, None)
         else:
             layer = (Int8Linear if fmt == "int8" else Int4Linear).from_linear(nn.Linear(128, 32))
@@ -324,6 +383,20 @@ def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None)
     except Exception as exc:  # noqa: BLE001 - a missing or broken kernel is one log line, not a crash
         return f"the {fmt} kernel does not run in torch {torch.__version__}: {type(exc).__name__}: {exc}".splitlines()[0]
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def int_mm_exact() -> bool:
+    """Whether `torch._int_mm` sums int8 products exactly on this CPU. oneDNN without VNNI multiplies
+    with `vpmaddubsw`, whose int16 pair sums saturate: 127 x 127 rows came out tens of thousands off."""
+    b = torch.full((896, 16), 127, dtype=torch.int8)
+    b[:, 8:] = -127
+    for rows in (1, 2, 17):  # oneDNN picks kernels by shape: a step's row, a verify's, a chunk's
+        a = torch.full((rows, 896), 127, dtype=torch.int8)
+        a[:, ::3] = -127
+        if not torch.equal(torch._int_mm(a, b), a.int() @ b.int()):
+            return False
+    return True
 
 
 def _gguf_problem(device: torch.device, spec_text: str | None) -> str | None:

@@ -118,6 +118,10 @@ def load_tokenizer(spec: RemoteSpec):
         f"?tokenizer=SPEC to the target (a preset, a model directory or a cached hub id of the same family)")
 
 
+class _CutOff(Exception):
+    """The stream ended without the finish reason every answer ends with."""
+
+
 @dataclass
 class _Streamed:
     """What one answer's stream has brought so far."""
@@ -423,9 +427,20 @@ class Engine:
                 stats.stopped, stats.error = "error", self.problem or ""
             elif job.reason == "time_limit":
                 self._set_health(OK, None)
-        except backends.RemoteProblem as problem:
+        except (_CutOff, backends.RemoteProblem) as problem:
             if job.cancel_token.cancelled:  # the cancel closed the stream before it reached this task
                 stats.stopped = job.reason or "cancelled"
+                return
+            if isinstance(problem, _CutOff):
+                # A clean end (a dead server breaks the connection instead, a transport error): the
+                # server ended this answer itself, as llama-cpp-python's does when another request
+                # arrives (draftwise's own, for another document). Not a problem to report: were it going
+                # away, the next request finds out. (Asking it now would take its lock, and that server
+                # interrupts the newer one.)
+                stats.stopped = "error"
+                stats.error = (f"the inference server at {self.spec.url} ended the answer without a finish "
+                               "reason (another request may have interrupted it)")
+                log.info("request cut off: %s", stats.error)
                 return
             self._set_health(problem.kind, str(problem))
             stats.stopped, stats.error = "error", str(problem)
@@ -456,8 +471,7 @@ class Engine:
                 if chunk.finish_reason:
                     stats.stopped = "max_tokens" if chunk.finish_reason == "length" else "eos"
         if not stats.stopped:  # servers end every answer with a finish reason; this one was cut off
-            raise backends.RemoteProblem(backends.UNREACHABLE, f"the inference server at {self.spec.url} "
-                                                               "ended its answer early (did it stop?)")
+            raise _CutOff()
 
     def _deadline(self, job: RemoteJob) -> None:
         if job._task is not None and not job._task.done():

@@ -39,6 +39,11 @@ class Runner:
     # decoding/runners/exactness.py); drafts are at most this minus one token long. 1: none is.
     exact_width = 1
     verify_difference = 0.0  # the largest logit difference the exactness probe saw beyond exact_width
+    # Whether a verify row equals a decode step by how the forward is written (the static forward),
+    # not only where the probe looked. On a CPU, drafting needs it: transformers' forward in bf16 passed
+    # the probe up to 7 rows on the tiny model under torch's AVX2 code, then changed a text.
+    exact_by_construction = False
+    not_exact_why = ""  # set where drafting is off although the probe found rows exact
 
     @property
     def verify_exact(self) -> bool:

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 MAX_WIDTH = 17  # a 16-token draft plus the target's own token (CostModel.max_draft + 1)
 CACHE_FILE = "exactness.json"
-VERSION = 1  # bump when the probe or a forward changes what it measures
+VERSION = 2  # bump when the probe changes what it measures (a forward's code is in the key already)
 
 
 def positions(limit: int, widest: int = MAX_WIDTH) -> list[int]:
@@ -31,6 +31,23 @@ def positions(limit: int, widest: int = MAX_WIDTH) -> list[int]:
     probed there still fits)."""
     near = limit - widest - 2
     return sorted({p for p in (40, min(512, near), near) if 0 < p <= near})
+
+
+def code_tokens(runner, n: int) -> list[int]:
+    """n tokens of real code (this package's own source) in the runner's vocabulary: whether a row
+    is exact can depend on the values it computes, and code is what it will compute. Synthetic
+    tokens where the runner has no tokenizer."""
+    from pathlib import Path
+
+    tokenizer = getattr(getattr(runner, "loaded", None), "tokenizer", None)
+    if tokenizer is None:
+        return synthetic_tokens(runner.vocab_size, n)
+    ids: list[int] = []
+    for source in sorted(Path(__file__).parents[1].rglob("*.py")):
+        ids += [t for t in tokenizer(source.read_text(encoding="utf-8"))["input_ids"] if t < runner.vocab_size]
+        if len(ids) >= n:
+            return ids[:n]
+    return (ids + synthetic_tokens(runner.vocab_size, n))[:n]
 
 
 def probe(runner, widths: range | None = None, limit: int | None = None) -> dict:
@@ -41,7 +58,7 @@ def probe(runner, widths: range | None = None, limit: int | None = None) -> dict
     widths = widths or range(2, MAX_WIDTH + runner.prompt_tail)
     limit = limit or getattr(runner, "max_positions", 2048)
     where = positions(limit, max(widths))
-    ids = synthetic_tokens(runner.vocab_size, max(where) + max(widths) + 1)
+    ids = code_tokens(runner, max(where) + max(widths) + 1)
     per_width: dict[int, float] = {w: 0.0 for w in widths}
     runner.start([], "__exactness__")
     try:
@@ -55,7 +72,9 @@ def probe(runner, widths: range | None = None, limit: int | None = None) -> dict
             for w in widths:
                 rows = runner.forward(ids[pos:pos + w])
                 runner.crop_to(pos)
-                per_width[w] = max(per_width[w], float((rows - steps[:w]).abs().max()))
+                if not torch.equal(rows, steps[:w]):  # NaN never counts as equal
+                    diff = float((rows - steps[:w]).abs().nan_to_num(nan=float("inf")).max())
+                    per_width[w] = max(per_width[w], diff if diff > 0 else float("inf"))
     finally:
         runner.discard()
     exact = 1
@@ -94,16 +113,17 @@ def measure(runner) -> dict:
         if key:
             kept[key] = result
             try:
-                file.parent.mkdir(parents=True, exist_ok=True)
-                tmp = file.with_suffix(".tmp")
-                tmp.write_text(json.dumps(kept, indent=1))
-                tmp.replace(file)
+                paths.atomic_write(file, json.dumps(kept, indent=1))
             except OSError as exc:  # a read-only home costs the next start a probe
                 log.warning("could not keep the exactness probe in %s: %s", file, exc)
         log.info("exactness probe (%s): exact up to %d rows at positions %s; beyond: %.3g",
                  key, result["exact_width"], result["positions"], result["max_difference"])
     runner.exact_width = int(result["exact_width"])
     runner.verify_difference = float(result["max_difference"])
+    if runner.exact_width > 1 and runner.device.type == "cpu" and not runner.exact_by_construction:
+        runner.not_exact_why = (f"the probe found rows exact up to {runner.exact_width}, but this forward is not "
+                                "exact by construction on a CPU: other prompts can differ")
+        runner.exact_width = 1
     runner.exactness = result
     # The first forward reads the prompt's tail and a draft: together no wider than the exact width.
     runner.prompt_tail = max(1, min(runner.prompt_tail, runner.exact_width - (MAX_WIDTH - 1)))

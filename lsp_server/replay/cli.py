@@ -53,8 +53,7 @@ def serve_args(args) -> list[str]:
     """The model flags of `draftwise serve`, from the same flags given to `replay`."""
     out = ["--target", args.target, "--drafter", args.drafter, "--max-tokens", str(args.max_tokens),
            "--device", args.device, "--dtype", args.dtype, "--weights", args.weights,
-           "--draft-weights", args.draft_weights, "--context-tokens", str(args.context_tokens),
-           "--compile", getattr(args, "compile", "auto")]
+           "--draft-weights", args.draft_weights, "--context-tokens", str(args.context_tokens)]
     if args.draft:
         out += ["--draft", args.draft]
     if args.trust_remote_code:

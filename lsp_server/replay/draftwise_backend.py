@@ -3,7 +3,6 @@ spoken to over stdio, as an editor does (through `lsp_server.raw_client`)."""
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ from lsp_server.replay.editor import Document, Suggestion
 SERVE = [sys.executable, "-m", "lsp_server.cli", "serve"]  # this checkout's server, this interpreter
 IDLE_SETTING = "idleWork"  # suggestions started at pauses, read-ahead and prefetch after display; a boolean
 LOAD_TIMEOUT_S = 600.0
-COMPILE_TIMEOUT_S = 1200.0  # a first compile of five graphs on 2 cores
 
 
 class DraftwiseBackend:
@@ -36,12 +34,6 @@ class DraftwiseBackend:
         stats = self.server.wait_for_state(timeout=LOAD_TIMEOUT_S)
         if stats["state"] != "ready":
             raise RuntimeError(f"the server could not load its model: {stats.get('error')}")
-        # Type on the path a user has after the first start: a compile still going on in the
-        # background (minutes once, seconds from its cache) would compete with the typing for the CPU.
-        deadline = time.monotonic() + COMPILE_TIMEOUT_S
-        while (stats.get("compile") or {}).get("state") in ("compiling", "built") and time.monotonic() < deadline:
-            time.sleep(1.0)
-            stats = self.server.stats()
         return stats
 
     def idle_setting_known(self) -> bool:

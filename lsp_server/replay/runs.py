@@ -164,7 +164,7 @@ def run_name(idle: bool, repo_context: bool) -> str:
 
 def _engine_summary(stats: dict) -> dict:
     cumulative, idle = stats.get("cumulative") or {}, stats.get("idle") or {}
-    return {"forward": stats.get("forward"), "compiled": stats.get("compiled"), "verify": stats.get("verify"),
+    return {"verify": stats.get("verify"),
             **{k: cumulative.get(k) for k in ("generated_tokens", "target_forwards", "drafted_tokens",
                                               "accepted_tokens", "drafted_by", "accepted_by")},
             "idle_prefetches": idle.get("prefetches")}

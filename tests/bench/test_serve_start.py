@@ -5,15 +5,11 @@ from __future__ import annotations
 from decoding.bench.serve_memory import serve_start
 
 
-def test_an_eager_start_is_timed_to_its_first_suggestion(tiny_model_dir):
-    out = serve_start(str(tiny_model_dir), "fp32", compile_modes=("off",), timeout_s=120)
-    row = out["off"]
+def test_a_start_is_timed_to_its_first_suggestion(tiny_model_dir):
+    row = serve_start(str(tiny_model_dir), "fp32", timeout_s=120)
     assert isinstance(row, dict), row  # else: why it could not be measured
     assert 0 < row["ready_s"] <= row["first_suggestion_s"] < 120
-    assert row["answered_on"] == "eager" and row["compile_state"] == "off"
-    assert "live_s" not in row  # nothing compiles with --compile off
 
 
 def test_a_server_that_cannot_start_is_reported_not_raised(tmp_path):
-    out = serve_start(str(tmp_path / "no-such-model"), "fp32", compile_modes=("off",), timeout_s=60)
-    assert out["off"].startswith("not measured: ")
+    assert serve_start(str(tmp_path / "no-such-model"), "fp32", timeout_s=60).startswith("not measured: ")

@@ -129,45 +129,13 @@ def test_failing_drafts_of_one_drafter_lower_its_other_buckets_within_the_reques
     assert lowered_by_history > a0 / (a0 + b0) - 0.1, "a new request keeps only the decayed lifetime counts"
 
 
-def test_on_fixed_width_graphs_a_draft_costs_its_padded_width():
-    """A compiled forward pads 3 rows to 4: pricing it between the 2- and 4-row times (a line through
-    the points) made 2-token drafts look cheaper than they are."""
-    t = ForwardTimes({1: 0.025, 2: 0.034, 4: 0.040, 8: 0.052, 16: 0.075}, widths=(1, 2, 4, 8, 16))
-    assert t(3) == t(4) == 0.040 and t(5) == t(8) and t(16) == 0.075
-    assert t(40) > t(16)  # past the widest graph (a prompt read eagerly): extrapolated
-    t.observe(3, 0.050)  # a 3-token forward ran the 4-row graph: its time moves the 4-row entry
-    assert t(4) > 0.0405 and 3 not in t.by_tokens
-    assert t(1) == pytest.approx(0.025 * 1.0125)  # half of it moves every width (the machine's drift)
-
-
-def test_a_runner_on_compiled_graphs_is_timed_at_its_widths(tiny_model_dir):
-    from decoding.cost_model import measure_forward_times
-
-    class Widths:  # the tiny model's eager runner, claiming the widths of compiled graphs
-        def __init__(self, runner):
-            self.runner, self.forward_widths = runner, (1, 2, 4, 8, 16)
-
-        def __getattr__(self, name):
-            return getattr(self.runner, name)
-
-    from decoding.models.loading import load_model
-    from decoding.runners import runner_for
-
-    runner = runner_for(load_model(str(tiny_model_dir), "cpu", weights="fp32"), 1 << 26, probe=False)
-    table = measure_forward_times(Widths(runner), repeats=1)
-    assert table.widths == (1, 2, 4, 8, 16) and sorted(table.by_tokens) == [1, 2, 4, 8, 16]
-    times = [table.by_tokens[w] for w in (1, 2, 4, 8, 16)]
-    assert times == sorted(times)  # monotone: more rows never cost less
-    assert measure_forward_times(runner, repeats=1).widths is None
-
-
 def test_on_a_long_cache_verify_rows_cost_more_and_a_marginal_draft_stops_paying():
     """Timed on a 128- and a 512-token cache (made-up times, shaped like the 0.5B int4's: forwards cost
     more on a longer cache, verify rows more than a step): a one-token lookup draft that pays on a
     short prompt loses on a long one, and the model must know it."""
     short = {1: 0.030, 2: 0.037, 4: 0.044, 8: 0.052, 16: 0.068}
     long_ = {1: 0.036, 2: 0.048, 4: 0.052, 8: 0.064, 16: 0.085}
-    t = ForwardTimes(dict(short), (1, 2, 4, 8, 16), dict(long_), (128, 512))
+    t = ForwardTimes(dict(short), dict(long_), (128, 512))
     assert t(2) == t(2, 128) == t(2, 64) == 0.037 and t(2, 512) == 0.048
     assert t(1, 1024) == pytest.approx(0.030 + 0.006 * 896 / 384)  # attention grows with the cache
     model = CostModel(t)

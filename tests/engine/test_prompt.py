@@ -103,3 +103,75 @@ def test_at_a_new_lines_indentation_the_prompt_stops_before_it_and_holds_no_suff
     assert decode(tok, parts.ids).endswith("def f(x):\n   <|fim_suffix|><|fim_middle|>") and parts.healed == " "
     typed = decode(tok, b.build("def f(x):\n    w", "(1)" + suffix, heal=True).ids)
     assert typed.endswith("    w<|fim_suffix|>(1)<|fim_middle|>")  # code before the cursor: the rest of the line
+
+
+def _tokenizers_to_check() -> dict:
+    """The tiny model's BPE (GPT-2's word rule) and, where pulled, the real Qwen2.5-Coder tokenizer."""
+    from decoding.models.tiny import build_tokenizer
+
+    out = {"tiny": build_tokenizer()}
+    from decoding.models import pack
+    from decoding.models.specs import PRESETS
+
+    preset = PRESETS["qwen2.5-coder-0.5b"]
+    if pack.is_pulled(preset):
+        from transformers import AutoTokenizer
+
+        out["qwen"] = AutoTokenizer.from_pretrained(str(pack.preset_dir(preset)))
+    return out
+
+
+def test_the_prefix_tokenized_line_by_line_is_the_whole_prefix_tokenized():
+    """Each line's ids are kept by its text (a keystroke tokenizes one line, not the ~24,000 characters
+    that could fit); the prompt must hold exactly the ids of tokenizing the kept prefix whole, within
+    the budget, cut at a step line, where tokenizing the tail whole cuts it too."""
+    import random
+    from pathlib import Path
+
+    import decoding
+
+    texts = [t for p in sorted(Path(decoding.__file__).parent.rglob("*.py")) if len(t := p.read_text()) > 2000][:25]
+    texts.append("int f(void)\r\n{\r\n\treturn 0;  \r\n}\r\n\r\n\r\n  \t\n" * 300 + "/* é 中文 */\n" * 50)
+    rng = random.Random(0)
+    assert len(texts) > 20  # (the package's larger modules and the text above)
+    for name, tok in _tokenizers_to_check().items():
+        b = PromptBuilder(tok)
+        assert b.piece_rule is not None, name
+        for text in texts:
+            for _ in range(4):
+                prefix = text[:rng.randrange(1, len(text))]
+                for budget in (1000, 200, 40):
+                    ids, cut = b._fit_prefix(prefix, budget)
+                    window = max(0, len(prefix) - budget * 16)
+                    assert ids == b.encode(prefix[cut:]) and len(ids) <= budget, (name, budget)
+                    assert (ids, cut) == b._fit_prefix_whole(prefix, budget, window), (name, budget)
+
+
+def test_a_keystroke_tokenizes_only_the_line_it_changed():
+    from decoding.models.tiny import build_tokenizer
+
+    b = PromptBuilder(build_tokenizer(), budget=600)
+    prefix = "".join(f"value_{i} = compute({i})\n" for i in range(300)) + "result = comp"
+    first = b.build(prefix, ")\n")
+    tokenized = b.pieces.tokenized
+    second = b.build(prefix + "u", ")\n")
+    assert b.pieces.tokenized - tokenized == 1  # the cursor's line; the others are kept
+    fresh = PromptBuilder(build_tokenizer(), budget=600)  # nothing kept: every line tokenized now
+    assert second.ids == fresh.build(prefix + "u", ")\n").ids != first.ids
+
+
+def test_a_tokenizer_whose_pieces_tokenize_differently_is_tokenized_whole():
+    """A tokenizer that puts a space before every text (sentencepiece's style) gives other ids for a
+    line tokenized alone: the prompt is then tokenized whole."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.train_from_iterator(["def f(x):\n    return x\n" * 20], trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|fim_prefix|>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    b = PromptBuilder(fast, budget=100)
+    assert b.piece_rule is None
+    prefix = "def f(x):\n    return x\n" * 30
+    ids, cut = b._fit_prefix(prefix, 100)
+    assert ids == b.encode(prefix[cut:]) and len(ids) <= 100

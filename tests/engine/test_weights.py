@@ -10,7 +10,7 @@ from torch import nn
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
-from decoding.models import quality_gate, weights
+from decoding.models import quality_gate, row_ops, weights
 from decoding.models.loading import load_model
 from decoding.models.specs import parse_model_spec
 from decoding.weight_choice import WORKLOADS, FormatTiming, TimingCache, WeightsChoice, choose_and_load
@@ -120,10 +120,13 @@ def test_the_exactness_probe_decides_whether_a_format_drafts(tiny_model_dir, fmt
     assert len(result["positions"]) == 3 and set(result["per_width"]) == set(range(2, exactness.MAX_WIDTH + 1))
     if fmt in ("int8", "int4"):
         assert runner.exact_width == exactness.MAX_WIDTH and runner.verify_exact
+    else:  # transformers' forward: never exact by construction, so no drafting on a CPU
+        assert runner.exact_width == 1 and not runner.verify_exact
+        assert (result["exact_width"] > 1) == bool(runner.not_exact_why)
     widths = sorted(result["per_width"].items())
-    assert all(d == 0.0 for w, d in widths if w <= runner.exact_width)
-    if runner.exact_width < exactness.MAX_WIDTH:
-        assert widths[runner.exact_width - 1][1] > 0.0  # the first inexact width is why it stopped
+    assert all(d == 0.0 for w, d in widths if w <= result["exact_width"])
+    if result["exact_width"] < exactness.MAX_WIDTH:
+        assert widths[result["exact_width"] - 1][1] > 0.0  # the first inexact width is why it stopped
     # kept: a second runner reads the result instead of probing
     monkeypatch.setattr(exactness, "probe", lambda *a, **k: pytest.fail("probed again"))
     assert runner_for(load_model(str(tiny_model_dir), "cpu", weights=fmt), 1 << 26).exact_width == runner.exact_width
@@ -345,3 +348,53 @@ def test_between_formats_about_as_fast_auto_picks_the_better_quality(tmp_path, m
     # a draft model's text never shows: speed alone decides
     loaded, choice = choose_and_load(spec, torch.device("cpu"), "draft", FakeLoaded, TimingCache(tmp_path / "d.json"), gate)
     assert choice.format == "int4"
+
+
+def test_int4_on_a_kernel_whose_quantization_was_never_gated_is_not_eligible(tmp_path, monkeypatch):
+    """The quality gate measured int4's fitted grids (the VNNI kernel's packing); where ATen's kernel
+    runs int4 it packs min..max grids, a quality never measured: `auto` leaves it out and says why."""
+    spec = parse_model_spec("qwen2.5-coder-0.5b")
+    monkeypatch.setattr("decoding.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
+    monkeypatch.setattr("decoding.weight_choice.quantization_measured", lambda fmt: fmt != "int4")
+    monkeypatch.setattr("decoding.weight_choice.time_format",
+                        lambda loaded: fake_timings(fp32=3.0, int8=1.0, int4=0.5)[loaded.weights])
+    loaded, choice = choose_and_load(spec, torch.device("cpu"), "target", FakeLoaded,
+                                     TimingCache(tmp_path / "t.json"), lambda key: (["fp32", "int8", "int4"], "gate"))
+    assert choice.format == "int8" and "never measured" in choice.not_eligible["int4"]
+
+
+def test_kept_measurements_are_keyed_by_kernel_isa_and_forward_code(monkeypatch):
+    key = weights.implementation("int8")
+    fmt, kernel, isa, code = key.split("-")
+    assert fmt == "int8" and kernel in ("q8+rows", "q8", "intmm+rows", "intmm") and isa and len(code) == 12
+    monkeypatch.setattr(weights, "FORWARD_CODE", weights.FORWARD_CODE[1:])
+    weights.code_hash.cache_clear()
+    try:
+        assert weights.implementation("int8") != key  # other forward code: measured again
+    finally:
+        weights.code_hash.cache_clear()
+
+
+def test_int8_without_the_kernel_needs_an_exact_int_mm(monkeypatch):
+    """Where torch's int8 matmul saturates (oneDNN without VNNI: `ATEN_CPU_CAPABILITY=avx2
+    ONEDNN_MAX_CPU_ISA=AVX2` here) and draftwise's kernel is not built, int8 and int4 say so."""
+    monkeypatch.setattr(weights.q4_kernel, "load", lambda: False)
+    monkeypatch.setattr(weights, "int_mm_exact", lambda: False)
+    for fmt in ("int8", "int4"):
+        assert "saturates" in weights.kernel_problem(fmt, torch.device("cpu"))
+    monkeypatch.setattr(weights, "int_mm_exact", lambda: True)
+    assert weights.kernel_problem("int8", torch.device("cpu")) is None
+
+
+def test_the_reported_kernel_names_the_attention_path_the_decoder_runs(tiny_model_dir):
+    engine = Engine(EngineConfig(target=str(tiny_model_dir), weights="int8", max_tokens=4))
+    engine.load()
+    try:
+        model, kernel = engine.models.target.model, engine.info()["kernel"]
+        assert kernel.startswith("int8-") and ("+rows" in kernel) == model.attention_kernel
+        # the tiny model's 16-wide heads are not a size the kernel has: built where the kernel is, its
+        # cache key says +rows, the reported label does not
+        if row_ops.problem() is None:
+            assert not model.attention_kernel and "+rows" in weights.implementation("int8")
+    finally:
+        engine.close()

@@ -102,6 +102,10 @@ class LlamaServer:
                     out.append(e)
         return out
 
+    def decoded(self, since: float = 0.0) -> list[dict]:
+        """The decode steps among evals(since): forward passes that fed one token."""
+        return [e for e in self.evals(since) if e["tokens"] == 1]
+
 
 class VllmServer:
     """vLLM's OpenAI-compatible server (its CPU build, from its own venv: DRAFTWISE_VLLM_PYTHON) on the
@@ -151,6 +155,23 @@ class VllmServer:
 
     def stop(self) -> None:
         LlamaServer.stop(self)
+
+    def client_connections(self) -> dict[tuple[str, str], str]:
+        """The TCP connections to this server from this machine, client ends, with their states as
+        /proc/net lists them (01 established; 04, 05, 06, 0B: the client closed it; 08: the server
+        did): draftwise's pooled and streaming ones. A cancelled answer's must close from our end."""
+        port = f"{self.port:04X}"
+        found = {}
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                lines = Path(table).read_text().splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                local, remote, state = line.split()[1:4]
+                if remote.rsplit(":", 1)[1] == port:
+                    found[(local, remote)] = state
+        return found
 
     def metrics(self) -> dict[str, float]:
         """The engine's own counts: requests running, tokens generated, draft and accepted tokens."""
@@ -287,10 +308,13 @@ async def cancel_once_decoding(client, uri: str, text: str, msg_id: str, decodin
         await asyncio.sleep(0.05)
     client.cancel_request(types.CancelParams(id=msg_id))
     cancelled_at = time.monotonic()
-    with pytest.raises(JsonRpcException) as err:
-        await asyncio.wait_for(pending, timeout=10)
-    assert err.value.code == REQUEST_CANCELLED
-    return cancelled_at
+    try:
+        answer = await asyncio.wait_for(pending, timeout=10)
+    except JsonRpcException as err:
+        assert err.code == REQUEST_CANCELLED, err
+        return cancelled_at
+    raise AssertionError(f"answered {time.monotonic() - cancelled_at:.2f} s after the cancel instead of "
+                         f"RequestCancelled: {answer}")
 
 
 def fim_answer(url: str, prefix: str, suffix: str, max_tokens: int, api_key: str | None = None,
@@ -315,8 +339,10 @@ def fim_answer(url: str, prefix: str, suffix: str, max_tokens: int, api_key: str
 
 
 async def check_type_ahead(client, outside: Path, text: str) -> None:
-    """Typing the first character of a shown suggestion: the rest comes at once, without the engine."""
-    from lsp_harness import inline_params, insert_change, open_document
+    """Typing the first character of a shown suggestion: the rest comes at once, without the engine.
+    The engine is still asked, in the background; this returns once it has answered, so that its
+    request does not run into the next test (llama-cpp-python's server cuts off one of two at once)."""
+    from lsp_harness import inline_params, insert_change, open_document, stats, stats_until
 
     uri = (outside / "typeahead.py").as_uri()
     open_document(client, uri, text)
@@ -325,11 +351,14 @@ async def check_type_ahead(client, outside: Path, text: str) -> None:
     typed = suggestion[:len(suggestion) - len(suggestion.lstrip(" ")) + 1]  # up to its first character
     assert typed.strip() and "\n" not in typed, suggestion
     client.text_document_did_change(insert_change(uri, 2, 2, 0, typed))
+    before = await stats(client)
     started = time.monotonic()
     [rest] = (await client.text_document_inline_completion_async(inline_params(uri, 2, len(typed)))).items
     took = time.monotonic() - started
     assert rest.insert_text == suggestion[len(typed):]
     assert took < 0.5, f"type-ahead waited for the engine ({took:.2f} s)"
+    answered = await stats_until(client, lambda s: s["requests"] > before["requests"], timeout=120)
+    assert answered["last"]["stopped"] != "error", answered["last"]
 
 
 def shown_answer(raw: str, prefix: str, suffix: str, text: str) -> str:

@@ -17,7 +17,7 @@ def test_every_documented_key_is_applied():
         "target": "/models/x", "draft": "qwen2.5-coder-0.5b", "drafter": "lookup", "maxTokens": 32,
         "device": "cuda:1", "dtype": "bfloat16", "temperature": 0.2, "contextTokens": 2048,
         "languages": ["python", "rust"], "scope": "line", "weights": "int8", "draftWeights": "int4",
-        "idleWork": False, "maxTimeMs": 750, "repoContext": True, "repoContextTokens": 256, "compile": "on",
+        "idleWork": False, "maxTimeMs": 750, "repoContext": True, "repoContextTokens": 256,
     })
     assert update.problems == [] and update.ignored == []
     s = update.settings
@@ -28,7 +28,6 @@ def test_every_documented_key_is_applied():
     assert (s.engine.weights, s.engine.draft_weights) == ("int8", "int4")
     assert (s.idle_work, s.max_time_ms) == (False, 750)
     assert (s.repo_context, s.repo_context_tokens) == (True, 256)
-    assert s.engine.compile == "on"
     assert Settings().needs_reload(s)  # other weights are other models
     assert s.serves_language("rust") and not s.serves_language("go")
 
@@ -43,6 +42,16 @@ def test_unknown_keys_are_reported_and_ignored():
     assert update.ignored == ["colour"] and update.settings.engine.max_tokens == 10
 
 
+@pytest.mark.parametrize("value", ["on", "off", "auto", "sometimes"])
+def test_the_removed_compile_setting_from_an_old_editor_config_is_ignored(value):
+    """The compiled forward is gone; an editor that still sends `compile` gets the server as it was,
+    whatever value it sends: no problem for the user, nothing to reload."""
+    update = apply_settings(Settings(), {"draftwise": {"compile": value, "maxTokens": 10}})
+    assert update.problems == [] and update.ignored == ["compile"]
+    assert update.settings == apply_settings(Settings(), {"maxTokens": 10}).settings
+    assert not Settings().needs_reload(update.settings)
+
+
 def _value_of(settings: Settings, key: str):
     return {"maxTokens": settings.engine.max_tokens, "temperature": settings.temperature,
             "drafter": settings.engine.drafter, "dtype": settings.engine.dtype, "device": settings.engine.device,
@@ -50,8 +59,7 @@ def _value_of(settings: Settings, key: str):
             "contextTokens": settings.engine.context_tokens, "scope": settings.scope,
             "weights": settings.engine.weights, "draftWeights": settings.engine.draft_weights,
             "idleWork": settings.idle_work, "maxTimeMs": settings.max_time_ms,
-            "repoContext": settings.repo_context, "repoContextTokens": settings.repo_context_tokens,
-            "compile": settings.engine.compile}[key]
+            "repoContext": settings.repo_context, "repoContextTokens": settings.repo_context_tokens}[key]
 
 
 @pytest.mark.parametrize("key,value,words", [
@@ -73,7 +81,6 @@ def _value_of(settings: Settings, key: str):
     ("scope", "paragraph", "one of auto, line, block, full"),
     ("idleWork", "yes", "true or false"),
     ("maxTimeMs", -5, "whole number from 0"),
-    ("compile", "sometimes", "one of auto, on, off"),
 ])
 def test_bad_values_keep_the_previous_value_with_a_clear_message(key, value, words):
     before = Settings(engine=EngineConfig(max_tokens=48))
@@ -138,7 +145,7 @@ def test_the_settings_tables_list_every_key(doc, heading):
 
 def test_the_protocol_says_which_settings_reload_the_models():
     values = {"target": "/other", "draft": "/other-draft", "device": "cpu", "dtype": "float32",
-              "weights": "int8", "draftWeights": "int4", "compile": "on", "contextTokens": 512, "drafter": "none",
+              "weights": "int8", "draftWeights": "int4", "contextTokens": 512, "drafter": "none",
               "maxTokens": 8, "temperature": 0.5, "languages": ["go"], "scope": "line", "alternatives": 5,
               "idleWork": False, "maxTimeMs": 800, "repoContext": True, "repoContextTokens": 128}
     assert set(values) == set(KNOWN_KEYS)

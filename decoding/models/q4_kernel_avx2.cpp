@@ -1,0 +1,219 @@
+// q4_kernel.cpp's two ops for AVX2 CPUs without VNNI (most laptops): the same layouts, the same
+// quantization and the same bits, with 256-bit integer instructions.
+//
+// AVX2 has no u8 x s8 dot product into 32 bits; `vpmaddubsw` multiplies u8 by s8 and adds pairs into
+// int16 with saturation, so each use keeps its pair sums in range:
+// - int8 (q8_linear): activations stay signed codes (-127..127, no offset) and llama.cpp's sign trick
+//   moves each activation's sign onto its weight: |x| * (w * sign(x)) pairs reach 2 * 127 * 127 = 32258
+//   at most, below int16's 32767. `vpmaddwd` by ones then adds pairs of those into int32.
+// - int4 (q4_linear): codes are 0..15, so code x activation pairs reach 2 * 15 * 127 = 3810.
+// Integer sums are exact in any order, and the float epilogues are q4_kernel.cpp's, so every row is
+// bit for bit what the VNNI kernel (and, for int8, `torch._int_mm`) computes, at every width: one
+// quantization per format whatever CPU runs it.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include "q4_kernel_ops.h"  // the ops' checks and their registration
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <immintrin.h>
+
+namespace {
+
+// q4_kernel.cpp's quantize_row_bytes with offset 0, 8 values an instruction: the same division,
+// rounding (to nearest even) and clamping per value, so the same codes.
+void quantize_row(const float* r, int64_t k, int8_t* out, float* scale) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 vmax = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, _mm256_loadu_ps(r + i)));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float amax = 0.0f;
+  for (float v : lanes) amax = std::max(amax, v);
+  for (; i < k; ++i) amax = std::max(amax, std::fabs(r[i]));
+  const float s = std::max(amax / 127.0f, 1e-12f);
+  *scale = s;
+  const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+  for (i = 0; i + 8 <= k; i += 8) {
+    __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(r + i), vs), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+    alignas(32) int32_t codes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(codes), _mm256_cvtps_epi32(v));
+    for (int j = 0; j < 8; ++j) out[i + j] = static_cast<int8_t>(codes[j]);
+  }
+  for (; i < k; ++i) {
+    float v = std::nearbyint(r[i] / s);
+    out[i] = static_cast<int8_t>(static_cast<int32_t>(std::min(127.f, std::max(-127.f, v))));
+  }
+}
+
+void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* scales) {
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) quantize_row(x + m * k, k, xq + m * k, scales + m);
+  });
+}
+
+constexpr int ROWS = 4;  // rows sharing each weight load (2 accumulators a row: 8 of 16 registers)
+
+inline __m256i dot4(__m256i w, __m256i x_abs, __m256i x_signs, __m256i ones) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(w, x_signs)), ones);
+}
+
+// One block of 16 int8 outputs for R rows: acc[2r], acc[2r+1] hold outputs 0-7 and 8-15.
+template <int R>
+inline void q8_block_rows(const int8_t* w, const int8_t* const* xq, int64_t k, __m256i* acc) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < 2 * R; ++r) acc[r] = _mm256_setzero_si256();
+  for (int64_t s = 0; s < k / 4; ++s) {
+    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + s * 64));
+    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + s * 64 + 32));
+    for (int r = 0; r < R; ++r) {
+      int32_t x4;
+      std::memcpy(&x4, xq[r] + s * 4, 4);
+      const __m256i xb = _mm256_set1_epi32(x4), xa = _mm256_abs_epi8(xb);
+      acc[2 * r] = _mm256_add_epi32(acc[2 * r], dot4(w0, xa, xb, ones));
+      acc[2 * r + 1] = _mm256_add_epi32(acc[2 * r + 1], dot4(w1, xa, xb, ones));
+    }
+  }
+}
+
+// One block of 16 int4 outputs for R rows (q4_kernel.cpp's block_rows): per group, codes x
+// activations in int32, then scale and low applied in floats in the VNNI kernel's order.
+template <int R>
+inline void q4_block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo, const int8_t* const* xq,
+                          const int32_t* const* gsum, const float* xs, int64_t k, int64_t group, float* const* out) {
+  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 facc[2 * R];
+  for (int r = 0; r < 2 * R; ++r) facc[r] = _mm256_setzero_ps();
+  const int64_t groups = k / group, steps = group / 8;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m256i acc[2 * R];
+    for (int r = 0; r < 2 * R; ++r) acc[r] = _mm256_setzero_si256();
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t i = g * group + s * 8;
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * 8));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * 8 + 32));
+      const __m256i low0 = _mm256_and_si256(v0, mask), high0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), mask);
+      const __m256i low1 = _mm256_and_si256(v1, mask), high1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), mask);
+      for (int r = 0; r < R; ++r) {
+        int32_t x0, x1;
+        std::memcpy(&x0, xq[r] + i, 4);
+        std::memcpy(&x1, xq[r] + i + 4, 4);
+        const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
+        const __m256i p0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(low0, b0), ones),
+                                            _mm256_madd_epi16(_mm256_maddubs_epi16(high0, b1), ones));
+        const __m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(low1, b0), ones),
+                                            _mm256_madd_epi16(_mm256_maddubs_epi16(high1, b1), ones));
+        acc[2 * r] = _mm256_add_epi32(acc[2 * r], p0);
+        acc[2 * r + 1] = _mm256_add_epi32(acc[2 * r + 1], p1);
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + g * 16 + half * 8)));
+      const __m256 lows = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + g * 16 + half * 8)));
+      for (int r = 0; r < R; ++r) {
+        __m256& f = facc[2 * r + half];
+        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[2 * r + half]), scale, f);
+        f = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(gsum[r][g])), lows, f);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int half = 0; half < 2; ++half)
+      _mm256_storeu_ps(out[r] + half * 8, _mm256_mul_ps(facc[2 * r + half], _mm256_set1_ps(xs[r])));
+}
+
+}  // namespace
+
+at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_sums,
+                     const at::Tensor& scale) {
+  const auto xc = draftwise_ops::checked_q8(x, packed, scale);
+  const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0), n = blocks * 16;
+  (void)weight_sums;  // signed activations need no offset correction here
+  auto out = at::empty({m, n}, xc.options());
+  auto xq = at::empty({m, k}, xc.options().dtype(at::kChar));
+  auto xs = at::empty({m}, xc.options());
+  quantize_rows(xc.data_ptr<float>(), m, k, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+  const int8_t* w = packed.data_ptr<int8_t>();
+  const int8_t* q = xq.data_ptr<int8_t>();
+  const float* sp = xs.data_ptr<float>();
+  const float* sc = scale.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+    __m256i acc[2 * ROWS];
+    for (int64_t b = begin; b < end; ++b) {
+      const int8_t* wb = w + b * k * 16;
+      const __m256 ws0 = _mm256_loadu_ps(sc + b * 16), ws1 = _mm256_loadu_ps(sc + b * 16 + 8);
+      for (int64_t r = 0; r < m; r += ROWS) {
+        const int take = static_cast<int>(std::min<int64_t>(ROWS, m - r));
+        const int8_t* xr[ROWS];
+        for (int j = 0; j < take; ++j) xr[j] = q + (r + j) * k;
+        switch (take) {
+          case 4: q8_block_rows<4>(wb, xr, k, acc); break;
+          case 3: q8_block_rows<3>(wb, xr, k, acc); break;
+          case 2: q8_block_rows<2>(wb, xr, k, acc); break;
+          default: q8_block_rows<1>(wb, xr, k, acc); break;
+        }
+        for (int j = 0; j < take; ++j) {
+          const __m256 xsc = _mm256_set1_ps(sp[r + j]);
+          float* row = o + (r + j) * n + b * 16;
+          _mm256_storeu_ps(row, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * j]), xsc), ws0));
+          _mm256_storeu_ps(row + 8, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(acc[2 * j + 1]), xsc), ws1));
+        }
+      }
+    }
+  });
+  return out;
+}
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                     const at::Tensor& lows, int64_t group) {
+  const auto xc = draftwise_ops::checked_q4(x, packed, scales, lows, group);
+  const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0);
+  auto out = at::empty({m, blocks * 16}, xc.options());
+  auto xq = at::empty({m, k}, xc.options().dtype(at::kChar));
+  auto xs = at::empty({m}, xc.options());
+  const int64_t groups = k / group;
+  auto gsum = at::empty({m, groups}, xc.options().dtype(at::kInt));
+  quantize_rows(xc.data_ptr<float>(), m, k, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
+  const int8_t* q = xq.data_ptr<int8_t>();
+  int32_t* gs = gsum.data_ptr<int32_t>();
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      int32_t sum = 0;
+      for (int64_t j = 0; j < group; ++j) sum += q[r * k + g * group + j];
+      gs[r * groups + g] = sum;
+    }
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  const at::Half* sc = scales.data_ptr<at::Half>();
+  const at::Half* lo = lows.data_ptr<at::Half>();
+  const float* s = xs.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  const int64_t n = blocks * 16;
+  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const uint8_t* wb = w + b * k * 8;
+      const at::Half *scb = sc + b * groups * 16, *lob = lo + b * groups * 16;
+      for (int64_t r = 0; r < m;) {
+        const int8_t* xr[ROWS];
+        const int32_t* gr[ROWS];
+        float* orow[ROWS];
+        const int take = static_cast<int>(std::min<int64_t>(ROWS, m - r));
+        for (int j = 0; j < take; ++j) {
+          xr[j] = q + (r + j) * k;
+          gr[j] = gs + (r + j) * groups;
+          orow[j] = o + (r + j) * n + b * 16;
+        }
+        switch (take) {
+          case 4: q4_block_rows<4>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
+          case 3: q4_block_rows<3>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
+          case 2: q4_block_rows<2>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
+          default: q4_block_rows<1>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
+        }
+        r += take;
+      }
+    }
+  });
+  return out;
+}
