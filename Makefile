@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 REMOTE_STAMP := $(VENV)/.installed-remote
 LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 
-.PHONY: setup setup-llamacpp llama-server models demo test test-isa test-arm test-fast test-editors test-reliability test-remote test-vllm bench clean
+.PHONY: setup setup-llamacpp setup-llama-server llama-server models demo test test-isa test-arm test-fast test-editors test-reliability test-remote test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +29,23 @@ $(LLAMACPP_STAMP): $(STAMP)
 
 setup-llamacpp: $(LLAMACPP_STAMP)
 
-# llama.cpp's own server, for `draftwise replay`'s run of the peer's path (llama.vim's logic on
-# llama-server's /infill, same GGUF). Built from llama-cpp-python's source package, which vendors
-# llama.cpp (PyPI is reachable where model hubs and GitHub may not be): ~7 minutes on 2 cores, once.
-LLAMA_SERVER := $(BIN)/llama-server
-LLAMA_SERVER_SRC := $(VENV)/llama-server-src
+# llama.cpp's own server: the peer in `draftwise bench --llama-server ...` and `draftwise replay`'s run
+# of llama.vim's path (its /infill, same GGUF). Built from llama-cpp-python's source package, which
+# vendors llama.cpp (PyPI is reachable where model hubs and GitHub may not be): ~7 minutes on 2 cores,
+# once per ISA. ISA=native tunes it for this CPU (bin/llama-server); ISA=avx2 builds what an AVX2-only
+# laptop runs (bin/llama-server-avx2), to compare against draftwise's AVX2 kernels on the same machine.
+# The native build leaves AMX out: llama.cpp's AMX path segfaults on Q4_K_M files on Sapphire Rapids
+# (seen on the first forward here; llama.cpp issue 20824, closed unfixed). GCC keeps an explicit
+# -mno-* over what -march=native implies.
+ISA ?= native
+NO_AMX := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+LLAMA_SERVER_CMAKE_native := -DGGML_NATIVE=ON $(if $(NO_AMX),-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)")
+LLAMA_SERVER_CMAKE_avx2 := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF
+LLAMA_SERVER_native := $(BIN)/llama-server
+LLAMA_SERVER_avx2 := $(BIN)/llama-server-avx2
+LLAMA_SERVER := $(LLAMA_SERVER_$(ISA))
+LLAMA_SERVER_SRC := $(VENV)/llama-server-src-$(ISA)
 LLAMACPP_PYTHON ?= llama-cpp-python==0.3.36
 $(LLAMA_SERVER): $(STAMP)
 	rm -rf $(LLAMA_SERVER_SRC) && mkdir -p $(LLAMA_SERVER_SRC)
@@ -41,12 +53,14 @@ $(LLAMA_SERVER): $(STAMP)
 	tar xzf $(LLAMA_SERVER_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_SERVER_SRC)
 	cmake -S $(LLAMA_SERVER_SRC)/llama_cpp_python-*/vendor/llama.cpp -B $(LLAMA_SERVER_SRC)/build \
 	  -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
-	  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF >/dev/null
+	  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF \
+	  $(LLAMA_SERVER_CMAKE_$(ISA)) >/dev/null
 	cmake --build $(LLAMA_SERVER_SRC)/build --target llama-server -j $$(nproc) >/dev/null
 	cp $(LLAMA_SERVER_SRC)/build/bin/llama-server $(LLAMA_SERVER)
 	rm -rf $(LLAMA_SERVER_SRC)
 
-llama-server: $(LLAMA_SERVER)
+setup-llama-server llama-server: $(LLAMA_SERVER)
+	$(if $(LLAMA_SERVER),,$(error ISA=$(ISA): use native or avx2))
 
 models: setup
 	$(BIN)/draftwise models pull $(PRESET)
@@ -58,7 +72,8 @@ test: models
 	$(BIN)/python -m pytest -m "not slow and not remote"
 
 # The exactness and lossless tests on every kernel path this CPU runs, forced with DRAFTWISE_ISA
-# (`make test` runs the best one). avx2 also runs torch's own AVX2 code, as an AVX2-only laptop does.
+# (`make test` runs the best one). avx2 and avxvnni also run torch's own AVX2 code, as a laptop
+# without AVX-512 does.
 ISA_TESTS := tests/engine/test_row_invariance.py tests/engine/test_q4_kernel.py tests/engine/test_lossless.py \
 	tests/engine/test_weights.py::test_a_verify_forward_equals_one_token_steps_bit_for_bit \
 	tests/engine/test_weights.py::test_the_exactness_probe_decides_whether_a_format_drafts \
@@ -66,6 +81,7 @@ ISA_TESTS := tests/engine/test_row_invariance.py tests/engine/test_q4_kernel.py 
 test-isa: models
 	@for isa in $$($(BIN)/python -m decoding.models.kernel_build); do \
 	  emulate=""; [ "$$isa" = avx2 ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"; \
+	  [ "$$isa" = avxvnni ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2_VNNI"; \
 	  echo "== DRAFTWISE_ISA=$$isa $$emulate"; \
 	  env DRAFTWISE_ISA=$$isa $$emulate $(BIN)/python -m pytest -q -p no:cacheprovider $(ISA_TESTS) || exit 1; \
 	done

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from decoding.bench.corpus import CorpusError, parse_languages, sample_cases
-from decoding.bench.metrics import ALL_MODES
+from decoding.bench.metrics import ALL_MODES, LLAMA_SERVER
 from decoding.errors import DraftwiseError
 
 log = logging.getLogger("draftwise.bench")
@@ -85,8 +85,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "[LABEL=]TARGET, comma-separated, e.g. openai:http://host:8000/v1#model; rows "
                         "`remote@LABEL`, and a row `remote@NAME+X` counts its identical text against "
                         "`remote@NAME` (the same server without X, e.g. vllm and vllm+ngram)")
+    g.add_argument("--llama-server", metavar="LIST",
+                   help="also run llama.cpp's own server on the target's GGUF, one process per variant: any of "
+                        "plain, ngram-simple, ngram-mod, draft (the --draft model's GGUF; draft:N sets "
+                        "--spec-draft-n-max N); rows llama-server@VARIANT, asked over /infill")
+    g.add_argument("--llama-server-binary", metavar="PATH",
+                   help="the llama-server to run (default: on PATH, else beside this Python, where "
+                        "`make setup-llama-server` puts it)")
+    g.add_argument("--llama-goal", type=float, metavar="X",
+                   help="auto's decode speed over llama.cpp's plain decoding that counts as met "
+                        "(default: 1.3, 1.0 with --draft)")
     g.add_argument("--llamacpp-threads", type=_positive, default=0, metavar="N",
-                   help="llama.cpp threads (default: one per CPU core)")
+                   help="llama.cpp threads, llama-server's included (default: one per CPU core)")
     g.add_argument("--quality-cases", type=_positive, default=0, metavar="N",
                    help="score completion quality on N more cases per weight format (and llama.cpp Q4), "
                         "untimed (default: %(default)s; the timed cases are always scored)")
@@ -117,6 +127,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
     g.add_argument("--json", dest="json_path", metavar="FILE", help="write every number measured to FILE")
     g.add_argument("--plot", metavar="FILE", help="write a PNG of speedup per mode and language to FILE")
+
+
+def _llama_server_variants(args, modes: tuple[str, ...]):
+    """--llama-server's variants; they run unless --modes leaves `llama-server` out."""
+    from decoding.bench.llama_server import parse_variants
+
+    try:
+        variants = parse_variants(getattr(args, "llama_server", None))
+    except ValueError as exc:
+        raise DraftwiseError(str(exc)) from exc
+    if variants and LLAMA_SERVER not in modes:
+        raise DraftwiseError("--llama-server is given but --modes leaves out llama-server")
+    return variants
 
 
 def _load_average() -> float | None:
@@ -198,6 +221,7 @@ def run(args) -> int:
         except ImportError as exc:
             raise DraftwiseError("--plot needs matplotlib (pip install 'draftwise[bench]')") from exc
     modes = parse_modes(args.modes)
+    llama_server = _llama_server_variants(args, modes)
     formats = parse_formats(getattr(args, "weights_arg", None))
     serve_start = _serve_start(args, formats[0]) if args.serve_start else None
     if args.limit == 0 and not args.crossfile and not args.corpus_context and serve_start is not None:
@@ -253,8 +277,10 @@ def run(args) -> int:
         max_tokens=max_tokens, modes=modes, repeats=args.repeats, lookup_tokens=args.lookup_tokens or 10,
         typing_cases=args.typing_cases, keystrokes=args.keystrokes, typing_prompt_tokens=args.typing_prompt_tokens,
         typing_drafter=typing_drafter, cancel_tries=args.cancel_tries,
-        llamacpp_threads=args.llamacpp_threads or None, seed=args.seed, llama_goal=1.0 if draft else 1.3,
+        llamacpp_threads=args.llamacpp_threads or None, seed=args.seed,
+        llama_goal=getattr(args, "llama_goal", None) or (1.0 if draft else 1.3),
         remote_targets=parse_remote_list(getattr(args, "remote", None)),
+        llama_server=llama_server, llama_server_binary=getattr(args, "llama_server_binary", None),
     )
     load_before = _load_average()
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:

@@ -31,8 +31,9 @@ from typing import Callable, Sequence
 
 from decoding.bench.corpus import Case
 from decoding.bench.hf_baselines import GenerateTiming, cut_at_end
+from decoding.bench.llama_server import LlamaServerProcess, find_llama_server, timing_from_server
 from decoding.bench.metrics import (
-    ALL_MODES, ENGINE_MODES, HF_MODES, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
+    ALL_MODES, ENGINE_MODES, HF_MODES, LLAMA_SERVER, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
     paired_difference, percentile, quality_summary, remote_key, split_key, summarize,
 )
 from decoding.healing import Constraint, without_healed
@@ -78,6 +79,10 @@ class BenchSettings:
     # the `remote` mode's inference servers (decoding/remote): (label, target) pairs; one row each,
     # `remote@LABEL` (`remote` alone for one unlabelled server)
     remote_targets: Sequence[tuple[str, str]] = ()
+    # llama.cpp's server as a peer (decoding/bench/llama_server.py): its variants, one row each, and
+    # the binary (None: found on PATH or beside this Python)
+    llama_server: Sequence = ()
+    llama_server_binary: str | None = None
 
 
 @dataclass
@@ -207,6 +212,7 @@ class Bench:
         self.llama = None  # LlamaCppWorker, started on first use
         self.llama_note: str | None = None
         self.remotes: dict = {}  # row key -> remote engine, loaded when the `remote` mode is planned
+        self.llama_servers: list = []  # the llama-server processes the `llama-server` rows started
         self.tag = f"{os.getpid()}-{int(time.time())}"
 
     # ---- which modes can run ----------------------------------------------------------------
@@ -226,6 +232,9 @@ class Bench:
                 continue
             if m == "remote":
                 runnable += self._load_remotes()
+                continue
+            if m == LLAMA_SERVER:
+                runnable += self._start_llama_servers()
                 continue
             if m in LLAMACPP_MODES:
                 if not llamacpp_baselines.available():
@@ -255,6 +264,48 @@ class Bench:
         for label, target in self.s.remote_targets:
             key = remote_key(label)
             why = self._load_remote(key, target)
+            if why:
+                self.result.skipped[key] = why
+            else:
+                rows.append(key)
+        return rows
+
+    def _start_llama_servers(self) -> list[str]:
+        """One llama-server per --llama-server variant on the target's GGUF, each a remote engine on
+        its /infill; the rows that can run. A variant that cannot is a skipped row, with why."""
+        from decoding.models.loading import gguf_file
+
+        if not self.s.llama_server:
+            self.result.skipped[LLAMA_SERVER] = "no --llama-server LIST given (e.g. plain,ngram-mod)"
+            return []
+        binary = find_llama_server(self.s.llama_server_binary)
+        gguf = gguf_file(self.target_spec)
+        config = self.engine.config
+        draft_gguf = gguf_file(config.draft) if config.draft and config.draft != "none" else None
+        rows = []
+        for variant in self.s.llama_server:
+            key = f"{LLAMA_SERVER}@{variant.label}"
+            if binary is None:
+                self.result.skipped[key] = "no llama-server binary (make setup-llama-server, or --llama-server-binary)"
+                continue
+            if gguf is None:
+                self.result.skipped[key] = f"no GGUF file for target {self.target_spec}"
+                continue
+            try:
+                flags = variant.flags(draft_gguf)
+            except ValueError as exc:
+                self.result.skipped[key] = str(exc)
+                continue
+            threads = self.s.llamacpp_threads or os.cpu_count() or 1
+            server = LlamaServerProcess(binary, gguf, flags, threads,
+                                        ctx_size=max(4096, 2 * config.context_tokens + self.s.max_tokens))
+            try:
+                url = server.start()
+            except RuntimeError as exc:
+                self.result.skipped[key] = str(exc)
+                continue
+            self.llama_servers.append(server)
+            why = self._load_remote(key, f"llamacpp:{url}")
             if why:
                 self.result.skipped[key] = why
             else:
@@ -299,7 +350,7 @@ class Bench:
         mode, fmt = split_key(key)
         e = self.reference
         try:
-            if mode == "remote":  # the same request as the engine modes; the server runs it
+            if mode in ("remote", LLAMA_SERVER):  # the same request as the engine modes; the server runs it
                 return self._run_remote(case, key, run)
             if mode in ENGINE_MODES:
                 rec = run_engine_mode(self.engines[fmt], case, mode, self.s.max_tokens,
@@ -352,6 +403,11 @@ class Bench:
             rec.prefill_ms = grew.get("prefill_s", 0.0) * 1000
             # the forwards after the first token: one a token, less those its speculation got free
             rec.target_forwards = max(1, int(grew["generated"] - 1 - grew.get("accepted", 0)))
+        server = (engine.stats().get("last") or {}).get("server") or {}
+        mode, variant = split_key(key)
+        timed = timing_from_server(server, variant != "plain") if mode == LLAMA_SERVER else None
+        for name, value in (timed or {}).items():  # llama-server's own clock, as vLLM's /metrics above
+            setattr(rec, name, value)
         if rec.stopped == "error":
             rec.error = (engine.stats().get("last") or {}).get("error") or "the server failed"
         return rec.score(case.expected)
@@ -364,7 +420,7 @@ class Bench:
         self.s.max_tokens = 4
         try:
             firsts = [m for m in modes if split_key(m)[0] == "none"]
-            remotes = [m for m in modes if split_key(m)[0] == "remote"]
+            remotes = [m for m in modes if split_key(m)[0] in ("remote", LLAMA_SERVER)]
             for m in firsts + ["hf-plain", "hf-assisted", "llamacpp-plain", "llamacpp-lookup"] + remotes:
                 if m in modes:
                     self.run_mode(case, m, prompt, "warmup")
@@ -564,6 +620,8 @@ class Bench:
                 self.llama.close()
             for remote in self.remotes.values():
                 remote.close()
+            for server in self.llama_servers:
+                server.stop()
         if self.s.typing_cases > 0:
             self.result.typing = self.run_typing()
         if self.s.cancel_tries > 0:

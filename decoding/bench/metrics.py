@@ -14,12 +14,14 @@ FAMILY_PLAIN = {
     "none": "none", "lookup": "none", "model": "none", "auto": "none",
     "llamacpp-plain": "llamacpp-plain", "llamacpp-lookup": "llamacpp-plain",
     "remote": "remote",  # an inference server (`--remote TARGET`): whatever drafting it does itself
+    "llama-server": "llama-server@plain",  # llama.cpp's server started by the bench (--llama-server)
 }
 HF_MODES = ("hf-plain", "hf-assisted", "hf-lookup")
 ENGINE_MODES = ("none", "lookup", "model", "auto")
 LLAMACPP_MODES = ("llamacpp-plain", "llamacpp-lookup")
 REMOTE_MODES = ("remote",)
-ALL_MODES = HF_MODES + ENGINE_MODES + LLAMACPP_MODES + REMOTE_MODES
+LLAMA_SERVER = "llama-server"  # rows llama-server@VARIANT (decoding/bench/llama_server.py)
+ALL_MODES = HF_MODES + ENGINE_MODES + LLAMACPP_MODES + REMOTE_MODES + (LLAMA_SERVER,)
 # Decode speed of a case that produced fewer tokens after the first one is mostly timer noise.
 MIN_DECODE_TOKENS = 4
 
@@ -41,6 +43,8 @@ def family_plain(key: str) -> str:
     mode, fmt = split_key(key)
     if mode == "remote":
         return remote_key((fmt or "").split("+", 1)[0])
+    if mode == LLAMA_SERVER:
+        return FAMILY_PLAIN[LLAMA_SERVER]
     plain = FAMILY_PLAIN.get(mode, REFERENCE_MODE)
     return f"{plain}@{fmt}" if fmt and plain in ENGINE_MODES else plain
 
@@ -267,6 +271,12 @@ def check_goals(summary: Mapping[str, dict], typing: Mapping | None, cancel: Map
         if "llamacpp-plain" in summary and auto["decode_tok_s"] and summary["llamacpp-plain"]["decode_tok_s"]:
             ratio = round(auto["decode_tok_s"] / summary["llamacpp-plain"]["decode_tok_s"], 3)
             add(f"{key} decode tok/s over llama.cpp plain (median)", ratio, f">= {llama_goal}", ratio >= llama_goal)
+        for name, target, rows in _llama_server_peers(summary):
+            ratio = _ratio(auto["decode_tok_s"], summary[name]["decode_tok_s"]) if auto["decode_tok_s"] else None
+            if ratio is not None:
+                goal = llama_goal if target is None else target
+                add(f"{key} decode tok/s over {name} ({rows}, same GGUF; median)", round(ratio, 3), f">= {goal}",
+                    ratio >= goal)
         v = auto.get("speedup_vs_plain")
         add(f"{key} decode speedup vs hf-plain fp32 (median)", v, ">= 4.0", None if v is None else v >= 4.0)
         v = auto.get("min_case_speedup_vs_family_plain")
@@ -295,6 +305,20 @@ def check_goals(summary: Mapping[str, dict], typing: Mapping | None, cancel: Map
         v = cancel["forwards_after_cancel_p95"]
         add("forwards after cancel (p95)", v, "<= 1", v <= 1)
     return goals
+
+
+def _llama_server_peers(summary: Mapping[str, dict]) -> list[tuple[str, float | None, str]]:
+    """llama-server rows auto is held against: its plain decoding (the run's llama goal) and the
+    fastest of its speculative variants (1.3x)."""
+    plain = FAMILY_PLAIN[LLAMA_SERVER]
+    out: list[tuple[str, float | None, str]] = []
+    if summary.get(plain, {}).get("decode_tok_s"):
+        out.append((plain, None, "llama.cpp's plain decoding"))
+    spec = [m for m in summary if split_key(m)[0] == LLAMA_SERVER and m != plain]
+    best = best_mode(summary, spec)
+    if best:
+        out.append((best, 1.3, f"the fastest of llama.cpp's speculation: {', '.join(spec)}"))
+    return out
 
 
 def draft_model_verdict(summary: Mapping[str, dict], weights: str | None = None) -> dict | None:

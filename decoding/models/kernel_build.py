@@ -2,7 +2,7 @@
 they are built for.
 
 `DRAFTWISE_ISA` forces a path: `auto` (the default: the best this CPU runs; `neon` on aarch64),
-`avx512vnni`, `avx2` or `portable` (no kernel of our own: torch's `_int_mm`, ATen's int4 and
+`avx512vnni`, `avxvnni` (AVX-VNNI on 256-bit registers), `avx2` or `portable` (no kernel of our own: torch's `_int_mm`, ATen's int4 and
 attention). A path the CPU cannot run is refused with a clear message, never tried.
 """
 from __future__ import annotations
@@ -19,9 +19,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ISAS = ("auto", "avx512vnni", "avx2", "neon", "portable")
+ISAS = ("auto", "avx512vnni", "avxvnni", "avx2", "neon", "portable")
 # what each path needs of the CPU (flags of /proc/cpuinfo; aarch64's NEON is always there)
-NEEDS = {"avx512vnni": ("avx512f", "avx512bw", "avx512_vnni", "f16c", "fma"), "avx2": ("avx2", "fma", "f16c")}
+NEEDS = {"avx512vnni": ("avx512f", "avx512bw", "avx512_vnni", "f16c", "fma"),
+         "avxvnni": ("avx2", "avx_vnni", "fma", "f16c"), "avx2": ("avx2", "fma", "f16c")}
 
 
 class IsaError(ValueError):
@@ -53,7 +54,7 @@ def arm_dot_product() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def isa() -> str:
-    """The instruction set the kernels are built for: avx512vnni | avx2 | neon | portable."""
+    """The instruction set the kernels are built for: avx512vnni | avxvnni | avx2 | neon | portable."""
     wanted = os.environ.get("DRAFTWISE_ISA", "auto").strip().lower() or "auto"
     if wanted not in ISAS:
         raise IsaError(f"DRAFTWISE_ISA={wanted}: use one of {', '.join(ISAS)}")
@@ -70,7 +71,8 @@ def isa() -> str:
 
 # compiler flags for portable C++ (decoding/models/row_ops.cpp) on each path: its vectors map to
 # the widest registers the path allows
-VECTOR_FLAGS = {"avx512vnni": ["-mavx512f", "-mfma"], "avx2": ["-mavx2", "-mfma"], "neon": [], "portable": []}
+VECTOR_FLAGS = {"avx512vnni": ["-mavx512f", "-mfma"], "avxvnni": ["-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"],
+                "neon": [], "portable": []}
 
 
 def compiler_problem() -> str | None:

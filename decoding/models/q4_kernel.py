@@ -1,7 +1,7 @@
-"""int4 and int8 weights x int8 activations: q4_kernel.cpp (AVX-512 VNNI), q4_kernel_avx2.cpp or q4_kernel_neon.cpp
-(aarch64), built once per machine.
+"""int4 and int8 weights x int8 activations: q4_kernel.cpp (AVX-512 VNNI), q4_kernel_avx2.cpp (AVX2, or
+AVX-VNNI built with DRAFTWISE_AVXVNNI) or q4_kernel_neon.cpp (aarch64), built once per machine.
 
-The int4 format's linears run here where the CPU has AVX-512 VNNI, AVX2 or ARM's dot product (and a C++ compiler),
+The int4 format's linears run here where the CPU has AVX-512 VNNI, AVX-VNNI, AVX2 or ARM's dot product (and a C++ compiler),
 else on ATen's int4 kernel (decoding/models/weights.py: Int4Linear); so do Int8Linear's (the int8
 format's layers, both quantized formats' lm_head), else on `torch._int_mm`, to the same bits. Why,
 and the layouts: the .cpp file's comments. The extension is built by torch's cpp_extension (ninja) into
@@ -30,6 +30,8 @@ SOURCE = Path(__file__).with_name("q4_kernel.cpp")
 # the kernel's source and compiler flags on each instruction set it is written for
 SOURCES = {
     "avx512vnni": (SOURCE, ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mf16c", "-mfma"]),
+    "avxvnni": (SOURCE.with_name("q4_kernel_avx2.cpp"), ["-mavx2", "-mfma", "-mf16c", "-mavxvnni",
+                                                         "-DDRAFTWISE_AVXVNNI"]),
     "avx2": (SOURCE.with_name("q4_kernel_avx2.cpp"), ["-mavx2", "-mfma", "-mf16c"]),
     "neon": (SOURCE.with_name("q4_kernel_neon.cpp"), ["-march=armv8.2-a+dotprod"]),
 }

@@ -10,6 +10,11 @@
 // Integer sums are exact in any order, and the float epilogues are q4_kernel.cpp's, so every row is
 // bit for bit what the VNNI kernel (and, for int8, `torch._int_mm`) computes, at every width: one
 // quantization per format whatever CPU runs it.
+//
+// Built with DRAFTWISE_AVXVNNI (Intel 12th gen on, AMD Zen 5: AVX-VNNI without AVX-512), each
+// u8 x s8 product of four pairs goes straight into int32 with `vpdpbusd` on 256-bit registers: one
+// instruction where AVX2 needs three, the same operands (|x| and w * sign(x); codes and x), so the
+// same sums.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include "q4_kernel_ops.h"  // the ops' checks and their registration
@@ -56,8 +61,15 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* s
 
 constexpr int ROWS = 4;  // rows sharing each weight load (2 accumulators a row: 8 of 16 registers)
 
-inline __m256i dot4(__m256i w, __m256i x_abs, __m256i x_signs, __m256i ones) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(w, x_signs)), ones);
+// acc + the sums of four u8 x s8 products per int32 lane (the s8 side within +-127, so AVX2's
+// int16 pair sums never saturate)
+inline __m256i add_dot4(__m256i acc, __m256i u8, __m256i s8, __m256i ones) {
+#ifdef DRAFTWISE_AVXVNNI
+  (void)ones;
+  return _mm256_dpbusd_avx_epi32(acc, u8, s8);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), ones));
+#endif
 }
 
 // One block of 16 int8 outputs for R rows: acc[2r], acc[2r+1] hold outputs 0-7 and 8-15.
@@ -72,8 +84,8 @@ inline void q8_block_rows(const int8_t* w, const int8_t* const* xq, int64_t k, _
       int32_t x4;
       std::memcpy(&x4, xq[r] + s * 4, 4);
       const __m256i xb = _mm256_set1_epi32(x4), xa = _mm256_abs_epi8(xb);
-      acc[2 * r] = _mm256_add_epi32(acc[2 * r], dot4(w0, xa, xb, ones));
-      acc[2 * r + 1] = _mm256_add_epi32(acc[2 * r + 1], dot4(w1, xa, xb, ones));
+      acc[2 * r] = add_dot4(acc[2 * r], xa, _mm256_sign_epi8(w0, xb), ones);
+      acc[2 * r + 1] = add_dot4(acc[2 * r + 1], xa, _mm256_sign_epi8(w1, xb), ones);
     }
   }
 }
@@ -101,12 +113,8 @@ inline void q4_block_rows(const uint8_t* w, const at::Half* sc, const at::Half* 
         std::memcpy(&x0, xq[r] + i, 4);
         std::memcpy(&x1, xq[r] + i + 4, 4);
         const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
-        const __m256i p0 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(low0, b0), ones),
-                                            _mm256_madd_epi16(_mm256_maddubs_epi16(high0, b1), ones));
-        const __m256i p1 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(low1, b0), ones),
-                                            _mm256_madd_epi16(_mm256_maddubs_epi16(high1, b1), ones));
-        acc[2 * r] = _mm256_add_epi32(acc[2 * r], p0);
-        acc[2 * r + 1] = _mm256_add_epi32(acc[2 * r + 1], p1);
+        acc[2 * r] = add_dot4(add_dot4(acc[2 * r], low0, b0, ones), high0, b1, ones);
+        acc[2 * r + 1] = add_dot4(add_dot4(acc[2 * r + 1], low1, b0, ones), high1, b1, ones);
       }
     }
     for (int half = 0; half < 2; ++half) {

@@ -69,7 +69,7 @@ def _profiles(name: str, count: int) -> list:
 def _llama_vim_setup(args) -> dict:
     """{"binary", "gguf"} for the llama.vim run, or {"reason"} why it cannot run here."""
     from decoding.models.loading import gguf_file
-    from lsp_server.replay.llama_vim import find_llama_server
+    from decoding.bench.llama_server import find_llama_server
 
     binary = find_llama_server(args.llama_server)
     if binary is None:

@@ -21,16 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -55,18 +52,6 @@ SERVER_START_S = 300.0
 # llama.vim has no debounce of its own and hides the suggestion on every cursor move (showing it
 # again from its cache when the typed text matches).
 LLAMA_VIM = ClientProfile("llama.vim", 0.0, False)
-
-
-def find_llama_server(explicit: str | None = None) -> str | None:
-    """The llama-server binary: the one given, else on PATH, else next to this Python (a virtual
-    environment's bin folder, where `make llama-server` puts it)."""
-    if explicit:
-        return explicit if Path(explicit).is_file() else None
-    found = shutil.which("llama-server")
-    if found:
-        return found
-    beside = Path(sys.executable).with_name("llama-server")
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
 
 
 @dataclass(frozen=True)

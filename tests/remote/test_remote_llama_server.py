@@ -2,7 +2,7 @@
 offline Qwen2.5-Coder-0.5B GGUF, through the real `draftwise serve` over LSP: the suggestion is the
 server's own answer cut by the stop rules, and `$/cancelRequest` stops the server's generation.
 
-Skipped without a llama-server binary (`make llama-server` builds one, ~7 minutes on 2 cores).
+Skipped without a llama-server binary (`make setup-llama-server` builds one, ~7 minutes on 2 cores).
 """
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import asyncio
 import importlib.util
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from conftest import PRESET, cancel_once_decoding, configure, free_port, remote_session
+from conftest import PRESET, cancel_once_decoding, configure, remote_session
 from lsp_harness import inline_params, open_document, stats
 
 pytestmark = [pytest.mark.remote, pytest.mark.asyncio(loop_scope="module")]
@@ -24,63 +23,32 @@ MAX_TOKENS = 48
 LONG = 400
 FIB = "def fib(n):\n    \"\"\"The n-th Fibonacci number.\"\"\"\n"
 PRIMES = "PRIMES = [2, 3, 5, 7, 11, 13, 17, 19, 23, 29,"  # the model lists primes for hundreds of tokens
-START_TIMEOUT_S = 180.0
 
 
-class LlamaServerProcess:
-    """llama-server on the GGUF with one slot (so /slots describes the one generation running)."""
+def slot(url: str) -> dict:
+    """The server's one slot (it runs with -np 1, so this is the one generation running)."""
+    import httpx
 
-    def __init__(self, binary: str, gguf: Path, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-c", "4096", "-np", "1",
-             "-t", "2", "-tb", "2"], stdout=open(log, "ab"), stderr=subprocess.STDOUT)
-
-    def wait_ready(self) -> None:
-        import httpx
-
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "llama-server exited while loading"
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"llama-server was not ready within {START_TIMEOUT_S:.0f} s")
-
-    def slot(self) -> dict:
-        import httpx
-
-        return httpx.get(self.url + "/slots", timeout=10).json()[0]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+    return httpx.get(url + "/slots", timeout=10).json()[0]
 
 
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
     from decoding.models import pack
     from decoding.models.specs import PRESETS
-    from lsp_server.replay.llama_vim import find_llama_server
+    from decoding.bench.llama_server import LlamaServerProcess, find_llama_server
 
     binary = find_llama_server()
     if binary is None:
-        pytest.skip("no llama-server binary (on PATH or next to this Python): `make llama-server` builds one")
+        pytest.skip("no llama-server binary (on PATH or next to this Python): `make setup-llama-server` builds one")
     if importlib.util.find_spec("httpx") is None:
         pytest.skip("the remote tests need httpx (make test-remote installs it)")
     if not pack.is_pulled(PRESETS[PRESET]):
         pytest.skip(f"{PRESET} is not pulled (run `draftwise models pull {PRESET}`)")
-    server = LlamaServerProcess(binary, pack.preset_dir(PRESETS[PRESET]) / PRESETS[PRESET].gguf_name,
-                                tmp_path_factory.mktemp("llama-server") / "server.log")
+    server = LlamaServerProcess(binary, pack.preset_dir(PRESETS[PRESET]) / PRESETS[PRESET].gguf_name, [],
+                                threads=2, ctx_size=4096)
     try:
-        server.wait_ready()
+        server.start()
         yield server
     finally:
         server.stop()
@@ -130,11 +98,48 @@ async def test_cancel_request_stops_the_servers_generation_within_a_second(clien
         open_document(client, uri, PRIMES)
         cancelled_at = await cancel_once_decoding(
             client, uri, PRIMES, "cancel-llama-server",
-            lambda: llama_server.slot()["is_processing"] and llama_server.slot()["next_token"][0]["n_decoded"] >= 5)
-        while llama_server.slot()["is_processing"]:
+            lambda: slot(llama_server.url)["is_processing"] and slot(llama_server.url)["next_token"][0]["n_decoded"] >= 5)
+        while slot(llama_server.url)["is_processing"]:
             assert time.monotonic() - cancelled_at < 1.0, "llama-server went on generating after the cancel"
             await asyncio.sleep(0.02)
-        decoded = llama_server.slot()["next_token"][0]["n_decoded"]
+        decoded = slot(llama_server.url)["next_token"][0]["n_decoded"]
         assert decoded < LONG // 2, f"the server decoded {decoded} of {LONG} tokens"
     finally:
         configure(client, maxTokens=MAX_TOKENS, scope="auto")
+
+
+def test_the_bench_runs_llama_server_beside_the_engine_and_stops_it(tmp_path):
+    """`draftwise bench --llama-server plain,ngram-mod`: one server per variant on the same GGUF, rows
+    timed by the server's own clock, the speculative row's text compared with the plain server's, and
+    no server left running when the bench ends."""
+    import json
+    import os
+    import sys
+
+    import psutil
+
+    from decoding.bench.llama_server import find_llama_server
+
+    binary = find_llama_server()
+    if binary is None:
+        pytest.skip("no llama-server binary: `make setup-llama-server` builds one")
+    out = tmp_path / "bench.json"
+    draftwise = os.path.join(os.path.dirname(sys.executable), "draftwise")
+    done = subprocess.run([draftwise, "bench", "--limit", "2", "--weights", "int8", "--modes", "none,llama-server",
+                           "--llama-server", "plain,ngram-mod", "--max-tokens", "16", "--typing-cases", "0",
+                           "--cancel-tries", "0", "--json", str(out)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    for row in ("llama-server@plain", "llama-server@ngram-mod"):
+        s = data["modes"][row]
+        assert s["errors"] == 0 and s["cases"] == 2, s
+        assert s["decode_tok_s"] and s["decode_tok_s"] > 0
+        assert s["family_plain"] == "llama-server@plain"
+    assert data["modes"]["llama-server@ngram-mod"]["identical_rate_vs_family_plain"] is not None
+    for r in data["runs"]["llama-server@plain"]:
+        assert r["drafted_tokens"] is None and r["target_forwards"] == r["decode_tokens"]
+    for r in data["runs"]["llama-server@ngram-mod"]:
+        assert r["drafted_tokens"] is not None and r["accepted_tokens"] <= r["drafted_tokens"]
+    assert any("over llama-server@plain" in g["goal"] for g in data["goals"])
+    left = [p for p in psutil.process_iter(["exe"]) if p.info["exe"] and os.path.samefile(p.info["exe"], binary)]
+    assert not left, "the bench left llama-server running"

@@ -95,7 +95,7 @@ def test_without_a_llama_server_binary_the_run_is_reported_as_not_run(tmp_path):
     from types import SimpleNamespace
 
     from lsp_server.replay.cli import _llama_vim_setup
-    from lsp_server.replay.llama_vim import find_llama_server
+    from decoding.bench.llama_server import find_llama_server
 
     missing = str(tmp_path / "llama-server")
     assert find_llama_server(missing) is None
