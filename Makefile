@@ -47,7 +47,7 @@ LLAMA_SERVER_avx2 := $(BIN)/llama-server-avx2
 LLAMA_SERVER := $(LLAMA_SERVER_$(ISA))
 LLAMA_SERVER_SRC := $(VENV)/llama-server-src-$(ISA)
 LLAMACPP_PYTHON ?= llama-cpp-python==0.3.36
-$(LLAMA_SERVER): $(STAMP)
+$(LLAMA_SERVER): | $(STAMP)
 	rm -rf $(LLAMA_SERVER_SRC) && mkdir -p $(LLAMA_SERVER_SRC)
 	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: "$(LLAMACPP_PYTHON)" -d $(LLAMA_SERVER_SRC)
 	tar xzf $(LLAMA_SERVER_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_SERVER_SRC)

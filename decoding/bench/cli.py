@@ -91,10 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--spec-draft-n-max N); rows llama-server@VARIANT, asked over /infill")
     g.add_argument("--llama-server-binary", metavar="PATH",
                    help="the llama-server to run (default: on PATH, else beside this Python, where "
-                        "`make setup-llama-server` puts it)")
+                        "`make setup-llama-server` puts it; `make setup-llama-server ISA=avx2` builds "
+                        ".venv/bin/llama-server-avx2, which must be given here)")
     g.add_argument("--llama-goal", type=float, metavar="X",
                    help="auto's decode speed over llama.cpp's plain decoding that counts as met "
-                        "(default: 1.3, 1.0 with --draft)")
+                        "(default: 1.3, 1.0 with --draft); over its fastest speculation: 1.3")
     g.add_argument("--llamacpp-threads", type=_positive, default=0, metavar="N",
                    help="llama.cpp threads, llama-server's included (default: one per CPU core)")
     g.add_argument("--quality-cases", type=_positive, default=0, metavar="N",
@@ -139,6 +140,9 @@ def _llama_server_variants(args, modes: tuple[str, ...]):
         raise DraftwiseError(str(exc)) from exc
     if variants and LLAMA_SERVER not in modes:
         raise DraftwiseError("--llama-server is given but --modes leaves out llama-server")
+    binary = getattr(args, "llama_server_binary", None)
+    if binary and not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        raise DraftwiseError(f"--llama-server-binary {binary}: not an executable file")
     return variants
 
 
@@ -278,7 +282,7 @@ def run(args) -> int:
         typing_cases=args.typing_cases, keystrokes=args.keystrokes, typing_prompt_tokens=args.typing_prompt_tokens,
         typing_drafter=typing_drafter, cancel_tries=args.cancel_tries,
         llamacpp_threads=args.llamacpp_threads or None, seed=args.seed,
-        llama_goal=getattr(args, "llama_goal", None) or (1.0 if draft else 1.3),
+        llama_goal=(1.0 if draft else 1.3) if getattr(args, "llama_goal", None) is None else args.llama_goal,
         remote_targets=parse_remote_list(getattr(args, "remote", None)),
         llama_server=llama_server, llama_server_binary=getattr(args, "llama_server_binary", None),
     )
@@ -286,6 +290,7 @@ def run(args) -> int:
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:
         engines, reference, auto_reason = load_engines(config, formats, bar.set_description_str)
     engine = next(iter(engines.values()))
+    bench = None
     try:
         bench = Bench(engines, cases, settings, target_spec=args.target, reference=reference,
                       quality_cases=quality_cases, quality_reference=quality_reference)
@@ -301,6 +306,8 @@ def run(args) -> int:
         crossfile = _crossfile(args, engine) if args.crossfile else None
         corpus_context = _crossfile(args, engine, corpus=True) if args.corpus_context else None
     finally:
+        if bench is not None:
+            bench.close()  # servers it started, even when interrupted while planning
         for e in {id(e): e for e in [*engines.values(), reference]}.values():
             e.close()
     load_after = _load_average()

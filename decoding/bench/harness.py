@@ -49,8 +49,10 @@ TIMING_METHOD = (
     "generator). Tokens are counted up to and including the end token; draft tokens a speculative "
     "step accepted past it are not counted. An inference server's rows (remote@...) take prefill and "
     "decode times and token counts from the server's /metrics where it has them (vLLM), else from "
-    "its stream as it arrives. End-to-end latency is wall time around one request; "
-    "every request starts cold (no KV cache kept from earlier requests)."
+    "its stream as it arrives; llama-server's rows (llama-server@...) from its own timings (tokens after "
+    "the first over its predicted_ms, prefill its prompt_ms). End-to-end latency is wall time around one "
+    "request; every request starts cold (no KV cache kept from earlier requests; llama-server's slot is "
+    "erased before each, though its ngram-mod pool lives on across requests)."
 )
 
 
@@ -212,7 +214,8 @@ class Bench:
         self.llama = None  # LlamaCppWorker, started on first use
         self.llama_note: str | None = None
         self.remotes: dict = {}  # row key -> remote engine, loaded when the `remote` mode is planned
-        self.llama_servers: list = []  # the llama-server processes the `llama-server` rows started
+        self.llama_servers: dict = {}  # row key -> the llama-server process it asks (LlamaServerProcess)
+        self.llama_server_info: dict | None = None  # which binary, threads and flags those rows ran
         self.tag = f"{os.getpid()}-{int(time.time())}"
 
     # ---- which modes can run ----------------------------------------------------------------
@@ -283,6 +286,9 @@ class Bench:
         config = self.engine.config
         draft_gguf = gguf_file(config.draft) if config.draft and config.draft != "none" else None
         rows = []
+        threads = self.s.llamacpp_threads or os.cpu_count() or 1
+        self.llama_server_info = {"binary": binary and os.path.basename(binary), "gguf": gguf and gguf.name,
+                                  "threads": threads, "variants": {}}
         for variant in self.s.llama_server:
             key = f"{LLAMA_SERVER}@{variant.label}"
             if binary is None:
@@ -296,7 +302,6 @@ class Bench:
             except ValueError as exc:
                 self.result.skipped[key] = str(exc)
                 continue
-            threads = self.s.llamacpp_threads or os.cpu_count() or 1
             server = LlamaServerProcess(binary, gguf, flags, threads,
                                         ctx_size=max(4096, 2 * config.context_tokens + self.s.max_tokens))
             try:
@@ -304,12 +309,15 @@ class Bench:
             except RuntimeError as exc:
                 self.result.skipped[key] = str(exc)
                 continue
-            self.llama_servers.append(server)
-            why = self._load_remote(key, f"llamacpp:{url}")
+            # the deadline of a cold prompt read on a slow CPU, not an editor's
+            why = self._load_remote(key, f"llamacpp:{url}#?timeout=600")
             if why:
+                server.stop()
                 self.result.skipped[key] = why
-            else:
-                rows.append(key)
+                continue
+            self.llama_servers[key] = server
+            self.llama_server_info["variants"][key] = flags
+            rows.append(key)
         return rows
 
     def _load_remote(self, key: str, target: str) -> str | None:
@@ -389,6 +397,8 @@ class Bench:
         decoding speed. Its own draft and accepted tokens come from there too (the bench is the
         server's only client)."""
         engine = self.remotes[key]
+        if key in self.llama_servers:
+            self.llama_servers[key].forget()  # cold, as every engine row is
         before = engine.server_counters_now(SERVER_COUNTERS) or {}
         # the request as a user's (drafter `auto`): what drafting happens is the server's own
         rec = run_engine_mode(engine, case, "auto", self.s.max_tokens, f"bench://{self.tag}/{run}/{key}/{case.id}")
@@ -405,9 +415,12 @@ class Bench:
             rec.target_forwards = max(1, int(grew["generated"] - 1 - grew.get("accepted", 0)))
         server = (engine.stats().get("last") or {}).get("server") or {}
         mode, variant = split_key(key)
-        timed = timing_from_server(server, variant != "plain") if mode == LLAMA_SERVER else None
-        for name, value in (timed or {}).items():  # llama-server's own clock, as vLLM's /metrics above
-            setattr(rec, name, value)
+        if mode == LLAMA_SERVER:
+            timed = timing_from_server(server, variant != "plain")
+            for name, value in (timed or {}).items():  # llama-server's own clock, as vLLM's /metrics above
+                setattr(rec, name, value)
+            if timed is None and rec.stopped != "error":  # cut off before its last event: no clock to read
+                rec.error = f"no timings from llama-server (the request ended: {rec.stopped})"
         if rec.stopped == "error":
             rec.error = (engine.stats().get("last") or {}).get("error") or "the server failed"
         return rec.score(case.expected)
@@ -616,17 +629,23 @@ class Bench:
             self.run_cases(modes)
             self.run_quality(modes)
         finally:
-            if self.llama is not None:
-                self.llama.close()
-            for remote in self.remotes.values():
-                remote.close()
-            for server in self.llama_servers:
-                server.stop()
+            self.close()
         if self.s.typing_cases > 0:
             self.result.typing = self.run_typing()
         if self.s.cancel_tries > 0:
             self.result.cancel = self.run_cancel()
         return self.result
+
+    def close(self) -> None:
+        """Stop what the run started (llama.cpp's process, servers, remote clients); safe to repeat."""
+        if self.llama is not None:
+            self.llama.close()
+            self.llama = None
+        for remote in self.remotes.values():
+            remote.close()
+        for server in self.llama_servers.values():
+            server.stop()
+        self.remotes, self.llama_servers = {}, {}
 
     def steps(self, modes_count: int) -> int:
         typing = self.s.typing_cases * 3 if self.s.typing_cases > 0 else 0
@@ -685,7 +704,7 @@ def build_report_data(bench: Bench, modes_order: Sequence[str], config: dict) ->
         "goals": check_goals(summary, res.typing, res.cancel, quality=quality, weights=primary,
                              llama_goal=bench.s.llama_goal, serve_rss=config.get("serve_rss_mib")),
         "skipped_modes": res.skipped,
-        "config": {**config, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "config": {**config, "llama_server": bench.llama_server_info, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                    "machine": machine_info(), "timing_method": TIMING_METHOD},
         "cases": [c.to_dict() for c in bench.cases],
         "quality_cases": [c.to_dict() for c in bench.quality_cases],

@@ -19,6 +19,7 @@ first to the last); its drafted and accepted tokens are `draft_n` and `draft_n_a
 """
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import socket
@@ -89,38 +90,59 @@ class LlamaServerProcess:
         self.binary, self.gguf, self.flags = binary, gguf, flags
         self.threads, self.ctx_size = threads, ctx_size
         self.process: subprocess.Popen | None = None
-        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
+        self.scratch = tempfile.TemporaryDirectory(prefix="llama-server-")
+        self.log_path = Path(self.scratch.name) / "server.log"
         self.url = ""
 
     def command(self, port: int) -> list[str]:
-        # one slot with the whole context: the benchmark is its only client, one request at a time
+        # One slot with the whole context: the benchmark is its only client, one request at a time.
+        # A slot save path only so that forget() may erase the slot's cache (nothing is saved).
         return [self.binary, "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(port),
                 "-t", str(self.threads), "-tb", str(self.threads), "--ctx-size", str(self.ctx_size),
-                "-np", "1", *self.flags]
+                "-np", "1", "--slot-save-path", self.scratch.name, *self.flags]
 
     def start(self) -> str:
-        """Start it and wait for /health; the server's URL. RuntimeError with its log's tail if not."""
+        """Start it and wait for /health; the server's URL. RuntimeError with its log's tail if it
+        does not come up; the process never outlives a failed or interrupted start."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> str:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen(self.command(port), stdin=subprocess.DEVNULL, stdout=self.log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            # its own process group is left out on purpose: a Ctrl-C at the terminal stops it too
+            with open(self.log_path, "wb") as log:
+                self.process = subprocess.Popen(self.command(port), stdin=subprocess.DEVNULL, stdout=log,
+                                                stderr=subprocess.STDOUT)
+        except OSError as exc:
+            raise RuntimeError(f"llama-server did not start: {exc}") from None
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as reply:
-                    if reply.status == 200:
+                    # ours, not another process that took the port meanwhile: ours is still alive
+                    if reply.status == 200 and self.process.poll() is None:
                         return self.url
-            except (urllib.error.URLError, OSError):
+            except (urllib.error.URLError, OSError, http.client.HTTPException):
                 time.sleep(0.3)
-        why = self.log_tail()
-        self.stop()
-        raise RuntimeError(f"llama-server did not come up ({why})")
+        raise RuntimeError(f"llama-server did not come up ({self.log_tail()})")
+
+    def forget(self) -> None:
+        """Erase the slot's cached prompt: the next request is read cold, as the engine's rows are
+        after `clear_caches`."""
+        request = urllib.request.Request(self.url + "/slots/0?action=erase", data=b"", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            reply.read()
 
     def log_tail(self, lines: int = 3) -> str:
         try:
-            text = Path(self.log.name).read_text(errors="replace").strip().splitlines()
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
         except OSError:
             return "no log"
         return " | ".join(text[-lines:]) or "no output"
@@ -133,8 +155,7 @@ class LlamaServerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        self.log.close()
-        Path(self.log.name).unlink(missing_ok=True)
+        self.scratch.cleanup()
 
 
 def timing_from_server(server: dict, speculative: bool) -> dict | None:
@@ -144,13 +165,15 @@ def timing_from_server(server: dict, speculative: bool) -> dict | None:
     predicted_n, predicted_ms = server.get("predicted_n"), server.get("predicted_ms")
     if not predicted_n or predicted_ms is None:
         return None
-    drafted, accepted = server.get("draft_n", 0), server.get("draft_n_accepted", 0)
     decode_tokens = int(predicted_n) - 1
+    # the server counts a whole accepted draft before it stops at the end token or the limit
+    drafted, accepted = int(server.get("draft_n", 0)), min(int(server.get("draft_n_accepted", 0)), decode_tokens)
     return {
         "decode_tokens": decode_tokens, "decode_ms": float(predicted_ms),
         "prefill_ms": float(server.get("prompt_ms") or 0.0),
-        "drafted_tokens": int(drafted) if speculative else None,
-        "accepted_tokens": int(accepted) if speculative else None,
+        "reused_prompt_tokens": int(server.get("cache_n") or 0),  # prompt tokens its slot had cached
+        "drafted_tokens": drafted if speculative else None,
+        "accepted_tokens": accepted if speculative else None,
         # one forward a token after the first, less those its speculation got free
-        "target_forwards": max(1, decode_tokens - int(accepted)),
+        "target_forwards": max(1, decode_tokens - accepted),
     }

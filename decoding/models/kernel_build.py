@@ -25,6 +25,10 @@ NEEDS = {"avx512vnni": ("avx512f", "avx512bw", "avx512_vnni", "f16c", "fma"),
          "avxvnni": ("avx2", "avx_vnni", "fma", "f16c"), "avx2": ("avx2", "fma", "f16c")}
 
 
+# what each path needs of the compiler beyond the CPU (AVX-VNNI: GCC 11, clang 12 and later)
+COMPILER_NEEDS = {"avxvnni": "-mavxvnni"}
+
+
 class IsaError(ValueError):
     """DRAFTWISE_ISA names a path this CPU cannot run, or no path at all."""
 
@@ -38,11 +42,32 @@ def cpu_flags() -> set[str]:
     return set(line.split(":", 1)[-1].split())
 
 
+def _cpu_runs(isa: str, flags: set[str]) -> bool:
+    return all(f in flags for f in NEEDS[isa]) and compiler_takes(COMPILER_NEEDS.get(isa))
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_takes(flag: str | None) -> bool:
+    """Whether the C++ compiler accepts `flag` (None: nothing asked)."""
+    if flag is None:
+        return True
+    import subprocess
+
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        return False
+    try:
+        return subprocess.run([cxx, flag, "-x", "c++", "-fsyntax-only", "-"], input=b"", capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def _best() -> str:
     if platform.machine().lower() in ("aarch64", "arm64"):
         return "neon"
     flags = cpu_flags()
-    return next((isa for isa, need in NEEDS.items() if all(f in flags for f in need)), "portable")
+    return next((isa for isa in NEEDS if _cpu_runs(isa, flags)), "portable")
 
 
 def arm_dot_product() -> bool:
@@ -66,6 +91,8 @@ def isa() -> str:
     if wanted in NEEDS and not all(f in cpu_flags() for f in NEEDS[wanted]):
         missing = [f for f in NEEDS[wanted] if f not in cpu_flags()]
         raise IsaError(f"DRAFTWISE_ISA={wanted}: this CPU lacks {', '.join(missing)}")
+    if not compiler_takes(COMPILER_NEEDS.get(wanted)):
+        raise IsaError(f"DRAFTWISE_ISA={wanted}: the C++ compiler does not take {COMPILER_NEEDS[wanted]}")
     return wanted
 
 
@@ -129,8 +156,7 @@ def runnable() -> list[str]:
     if _best() == "neon":
         return ["neon", "portable"]
     flags = cpu_flags()
-    paths = [isa for isa, need in NEEDS.items() if all(f in flags for f in need)]
-    return paths + ["portable"]
+    return [isa for isa in NEEDS if _cpu_runs(isa, flags)] + ["portable"]
 
 
 if __name__ == "__main__":  # `python -m decoding.models.kernel_build`: the paths this CPU runs (make test-isa)

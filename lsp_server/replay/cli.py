@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "on the same GGUF, when a llama-server binary is found (default: %(default)s)")
     p.add_argument("--llama-server", metavar="PATH",
                    help="the llama-server binary (default: on PATH, or next to this Python; "
-                        "`make llama-server` builds one)")
+                        "`make setup-llama-server` builds one)")
     p.add_argument("--max-time-ms", type=int, metavar="MS",
                    help="the server's maxTimeMs setting, the cap on one suggestion's generation "
                         "(default: the server's own)")
@@ -74,7 +74,7 @@ def _llama_vim_setup(args) -> dict:
     binary = find_llama_server(args.llama_server)
     if binary is None:
         where = args.llama_server or "on PATH or next to this Python"
-        return {"reason": f"no llama-server binary ({where}); `make llama-server` builds one from "
+        return {"reason": f"no llama-server binary ({where}); `make setup-llama-server` builds one from "
                           "llama-cpp-python's source"}
     gguf = gguf_file(args.target)
     if gguf is None:

@@ -44,10 +44,13 @@ def test_each_variant_gives_llama_server_its_own_flags():
 def test_timing_is_the_servers_own_clock_after_the_first_token():
     # a real last event's `timings` from llama-server with ngram-mod (values rounded)
     server = {"prompt_n": 812, "prompt_ms": 3702.4, "predicted_n": 48, "predicted_ms": 1093.6,
-              "draft_n": 30, "draft_n_accepted": 21, "tokens_predicted": 48}
+              "draft_n": 30, "draft_n_accepted": 21, "tokens_predicted": 48, "cache_n": 0}
     t = timing_from_server(server, speculative=True)
-    assert t == {"decode_tokens": 47, "decode_ms": 1093.6, "prefill_ms": 3702.4, "drafted_tokens": 30,
-                 "accepted_tokens": 21, "target_forwards": 26}
+    assert t == {"decode_tokens": 47, "decode_ms": 1093.6, "prefill_ms": 3702.4, "reused_prompt_tokens": 0,
+                 "drafted_tokens": 30, "accepted_tokens": 21, "target_forwards": 26}
+    # a whole accepted draft is counted before the server stops at the limit: no more than it kept
+    capped = timing_from_server({"predicted_n": 5, "predicted_ms": 100.0, "draft_n": 8, "draft_n_accepted": 8}, True)
+    assert capped["accepted_tokens"] == 4 and capped["target_forwards"] == 1
     plain = timing_from_server({"predicted_n": 10, "predicted_ms": 300.0, "prompt_ms": 50.0}, speculative=False)
     assert plain["drafted_tokens"] is None and plain["target_forwards"] == 9
     # a speculative server that found nothing to draft leaves draft_n out: none drafted
@@ -90,3 +93,38 @@ def test_the_cli_refuses_a_bad_list_before_loading_anything():
     with pytest.raises(DraftwiseError, match="leaves out llama-server"):
         _llama_server_variants(Args, ("hf-plain", "auto"))
     assert _llama_server_variants(Args, ("hf-plain", "llama-server")) == (Variant("plain"),)
+
+
+def _bench_for(tmp_path, variants: str, binary: str | None, draft: str | None = None):
+    """A Bench whose only use here is planning llama-server rows: it reads the engine's config, so the
+    engine is a stand-in holding one (no model is loaded for what these tests check)."""
+    from types import SimpleNamespace
+
+    from decoding.api import EngineConfig
+    from decoding.bench.harness import Bench, BenchSettings
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    engine = SimpleNamespace(config=EngineConfig(target=str(gguf), draft=draft))
+    settings = BenchSettings(llama_server=parse_variants(variants), llama_server_binary=binary)
+    return Bench({"int8": engine}, [], settings, target_spec=str(gguf))
+
+
+def test_a_variant_that_cannot_run_is_a_skipped_row_with_why(tmp_path):
+    bench = _bench_for(tmp_path, "plain,draft", binary=str(tmp_path / "missing"))
+    assert bench._start_llama_servers() == []
+    assert "no llama-server binary" in bench.result.skipped["llama-server@plain"]
+    assert "make setup-llama-server" in bench.result.skipped["llama-server@plain"]
+
+
+def test_a_server_that_dies_at_start_is_skipped_with_its_own_words_and_leaves_nothing(tmp_path):
+    # a stand-in binary that fails as a broken llama-server does: a message, then exit status 1
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\necho 'error: failed to load model (stand-in)' >&2\nexit 1\n")
+    binary.chmod(0o755)
+    bench = _bench_for(tmp_path, "plain,draft", binary=str(binary))
+    assert bench._start_llama_servers() == []
+    assert "failed to load model (stand-in)" in bench.result.skipped["llama-server@plain"]
+    assert "needs a draft model" in bench.result.skipped["llama-server@draft"]
+    assert bench.llama_servers == {} and bench.llama_server_info["variants"] == {}
+    bench.close()  # nothing to stop; safe to call

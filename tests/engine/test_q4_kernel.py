@@ -216,3 +216,28 @@ def test_a_forced_instruction_set_the_cpu_lacks_is_refused_clearly(monkeypatch):
             kernel_build.isa()
     finally:
         kernel_build.isa.cache_clear()
+
+
+def test_an_avx_vnni_laptop_gets_the_vnni_kernel_only_where_the_compiler_builds_it(monkeypatch):
+    """An Alder Lake-class CPU (AVX-VNNI, no AVX-512): `auto` picks avxvnni, but falls back to the
+    AVX2 kernel where the compiler predates -mavxvnni (a compiler that rejects every flag stands in)."""
+    from decoding.models import kernel_build
+
+    monkeypatch.setattr(kernel_build, "cpu_flags", lambda: {"avx2", "avx_vnni", "fma", "f16c"})
+    monkeypatch.setattr(kernel_build.platform, "machine", lambda: "x86_64")
+    monkeypatch.delenv("DRAFTWISE_ISA", raising=False)
+    kernel_build.isa.cache_clear()
+    kernel_build.compiler_takes.cache_clear()
+    try:
+        assert kernel_build.isa() == "avxvnni" and kernel_build.runnable() == ["avxvnni", "avx2", "portable"]
+        monkeypatch.setenv("CXX", "false")
+        kernel_build.isa.cache_clear()
+        kernel_build.compiler_takes.cache_clear()
+        assert kernel_build.isa() == "avx2" and kernel_build.runnable() == ["avx2", "portable"]
+        monkeypatch.setenv("DRAFTWISE_ISA", "avxvnni")
+        kernel_build.isa.cache_clear()
+        with pytest.raises(kernel_build.IsaError, match="does not take -mavxvnni"):
+            kernel_build.isa()
+    finally:
+        kernel_build.isa.cache_clear()
+        kernel_build.compiler_takes.cache_clear()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import subprocess
 import time
 
 import pytest
@@ -107,39 +106,3 @@ async def test_cancel_request_stops_the_servers_generation_within_a_second(clien
     finally:
         configure(client, maxTokens=MAX_TOKENS, scope="auto")
 
-
-def test_the_bench_runs_llama_server_beside_the_engine_and_stops_it(tmp_path):
-    """`draftwise bench --llama-server plain,ngram-mod`: one server per variant on the same GGUF, rows
-    timed by the server's own clock, the speculative row's text compared with the plain server's, and
-    no server left running when the bench ends."""
-    import json
-    import os
-    import sys
-
-    import psutil
-
-    from decoding.bench.llama_server import find_llama_server
-
-    binary = find_llama_server()
-    if binary is None:
-        pytest.skip("no llama-server binary: `make setup-llama-server` builds one")
-    out = tmp_path / "bench.json"
-    draftwise = os.path.join(os.path.dirname(sys.executable), "draftwise")
-    done = subprocess.run([draftwise, "bench", "--limit", "2", "--weights", "int8", "--modes", "none,llama-server",
-                           "--llama-server", "plain,ngram-mod", "--max-tokens", "16", "--typing-cases", "0",
-                           "--cancel-tries", "0", "--json", str(out)], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    data = json.loads(out.read_text())
-    for row in ("llama-server@plain", "llama-server@ngram-mod"):
-        s = data["modes"][row]
-        assert s["errors"] == 0 and s["cases"] == 2, s
-        assert s["decode_tok_s"] and s["decode_tok_s"] > 0
-        assert s["family_plain"] == "llama-server@plain"
-    assert data["modes"]["llama-server@ngram-mod"]["identical_rate_vs_family_plain"] is not None
-    for r in data["runs"]["llama-server@plain"]:
-        assert r["drafted_tokens"] is None and r["target_forwards"] == r["decode_tokens"]
-    for r in data["runs"]["llama-server@ngram-mod"]:
-        assert r["drafted_tokens"] is not None and r["accepted_tokens"] <= r["drafted_tokens"]
-    assert any("over llama-server@plain" in g["goal"] for g in data["goals"])
-    left = [p for p in psutil.process_iter(["exe"]) if p.info["exe"] and os.path.samefile(p.info["exe"], binary)]
-    assert not left, "the bench left llama-server running"

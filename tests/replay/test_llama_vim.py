@@ -100,7 +100,7 @@ def test_without_a_llama_server_binary_the_run_is_reported_as_not_run(tmp_path):
     missing = str(tmp_path / "llama-server")
     assert find_llama_server(missing) is None
     status = _llama_vim_setup(SimpleNamespace(llama_server=missing, target="qwen2.5-coder-0.5b"))
-    assert "no llama-server binary" in status["reason"] and "make llama-server" in status["reason"]
+    assert "no llama-server binary" in status["reason"] and "make setup-llama-server" in status["reason"]
     present = tmp_path / "bin" / "llama-server"
     present.parent.mkdir()
     present.write_text("")
