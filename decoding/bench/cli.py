@@ -140,6 +140,11 @@ def _llama_server_variants(args, modes: tuple[str, ...]):
         raise DraftwiseError(str(exc)) from exc
     if variants and LLAMA_SERVER not in modes:
         raise DraftwiseError("--llama-server is given but --modes leaves out llama-server")
+    if variants:
+        import importlib.util
+
+        if importlib.util.find_spec("httpx") is None:
+            raise DraftwiseError("--llama-server needs httpx (pip install 'draftwise[bench]')")
     binary = getattr(args, "llama_server_binary", None)
     if binary and not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         raise DraftwiseError(f"--llama-server-binary {binary}: not an executable file")
@@ -334,6 +339,10 @@ def run(args) -> int:
         "modes": list(planned), "repeats": args.repeats, "lookup_tokens": settings.lookup_tokens,
         "draft_note": info.get("draft_note"), "cost_model": info.get("cost_model"),
         "command": "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        # what forces an instruction set: an emulated path's run is told apart by these
+        "environment": {name: os.environ[name] for name in ("DRAFTWISE_ISA", "ATEN_CPU_CAPABILITY",
+                                                           "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+                        if name in os.environ},
         # other work on the machine slows every mode, llama.cpp's busy-waiting threads most
         "load_average_1min": {"before": load_before, "after": load_after},
     }

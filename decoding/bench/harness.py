@@ -304,18 +304,19 @@ class Bench:
                 continue
             server = LlamaServerProcess(binary, gguf, flags, threads,
                                         ctx_size=max(4096, 2 * config.context_tokens + self.s.max_tokens))
+            self.llama_servers[key] = server  # from here on close() stops it, whatever happens
             try:
                 url = server.start()
             except RuntimeError as exc:
                 self.result.skipped[key] = str(exc)
+                del self.llama_servers[key]
                 continue
             # the deadline of a cold prompt read on a slow CPU, not an editor's
             why = self._load_remote(key, f"llamacpp:{url}#?timeout=600")
             if why:
-                server.stop()
+                self.llama_servers.pop(key).stop()
                 self.result.skipped[key] = why
                 continue
-            self.llama_servers[key] = server
             self.llama_server_info["variants"][key] = flags
             rows.append(key)
         return rows
@@ -327,12 +328,15 @@ class Bench:
 
         if not is_remote_target(target):
             return f"--remote {target} is not openai:URL#MODEL or llamacpp:URL"
+        engine = None
         try:
             from decoding.remote.engine import Engine as RemoteEngine
 
             engine = RemoteEngine(replace(self.engine.config, target=target, max_tokens=self.s.max_tokens))
             engine.load()
         except Exception as exc:  # noqa: BLE001 - reported as a skipped mode
+            if engine is not None:
+                engine.close()  # its client thread
             return f"the remote engine did not load: {exc}".splitlines()[0]
         if engine.problem:
             engine.close()

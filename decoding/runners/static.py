@@ -17,7 +17,14 @@ class StaticRunner(OneLiveCache):
     prefill_chunk = STATIC_PREFILL_CHUNK
 
     def __init__(self, loaded, cache_budget_bytes: int, role: str = "target") -> None:
+        from decoding.models.weights import kernel
+
         self._init_bookkeeping(role, loaded)
+        # Integer sums are exact in any order (draftwise's kernels, torch's _int_mm). ATen's int4
+        # kernel, which runs only where ours cannot, takes another path for several rows on CPUs with
+        # AMX (a 17-row forward 0.1 away from one-token steps, seen on a Xeon): not exact by
+        # construction, so no probe result makes it draft on a CPU.
+        self.exact_by_construction = not kernel(loaded.weights).startswith("aten")
         self.model = loaded.model  # a StaticDecoder
         self.vocab_size = self.model.vocab_size
         self._init_live(self.model.kv_bytes_per_token, cache_budget_bytes)

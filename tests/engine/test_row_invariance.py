@@ -34,6 +34,12 @@ def _threads():
 def _decoder(shape: str, fmt: str) -> StaticDecoder:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from decoding.models.weights import kernel
+
+    if kernel(fmt).startswith("aten"):  # DRAFTWISE_ISA=portable (make test-isa)
+        pytest.skip("ATen's int4 kernel is not exact by construction (several rows take another path on "
+                    "AMX CPUs): its runner does not draft on a CPU, tested in test_weights.py")
+
     torch.manual_seed(0)
     config = Qwen2Config(num_hidden_layers=2, vocab_size=1024, max_position_embeddings=4096,
                          tie_word_embeddings=False, **SHAPES[shape])
