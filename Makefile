@@ -33,7 +33,8 @@ setup-llamacpp: $(LLAMACPP_STAMP)
 # of llama.vim's path (its /infill, same GGUF). Built from llama-cpp-python's source package, which
 # vendors llama.cpp (PyPI is reachable where model hubs and GitHub may not be): ~7 minutes on 2 cores,
 # once per ISA. ISA=native tunes it for this CPU (bin/llama-server); ISA=avx2 builds what an AVX2-only
-# laptop runs (bin/llama-server-avx2), to compare against draftwise's AVX2 kernels on the same machine.
+# laptop runs (bin/llama-server-avx2), ISA=avxvnni what one with AVX-VNNI runs (bin/llama-server-avxvnni),
+# to compare against draftwise's kernels for those CPUs on the same machine.
 # The native build leaves AMX out: llama.cpp's AMX path segfaults on Q4_K_M files on Sapphire Rapids
 # (seen on the first forward here; llama.cpp issue 20824, closed unfixed). GCC keeps an explicit
 # -mno-* over what -march=native implies.
@@ -42,8 +43,10 @@ NO_AMX := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -m
 LLAMA_SERVER_CMAKE_native := -DGGML_NATIVE=ON $(if $(NO_AMX),-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)")
 LLAMA_SERVER_CMAKE_avx2 := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF
+LLAMA_SERVER_CMAKE_avxvnni := $(subst -DGGML_AVX_VNNI=OFF,-DGGML_AVX_VNNI=ON,$(LLAMA_SERVER_CMAKE_avx2))
 LLAMA_SERVER_native := $(BIN)/llama-server
 LLAMA_SERVER_avx2 := $(BIN)/llama-server-avx2
+LLAMA_SERVER_avxvnni := $(BIN)/llama-server-avxvnni
 LLAMA_SERVER := $(LLAMA_SERVER_$(ISA))
 LLAMA_SERVER_SRC := $(VENV)/llama-server-src-$(ISA)
 LLAMACPP_PYTHON ?= llama-cpp-python==0.3.36
@@ -60,7 +63,7 @@ $(LLAMA_SERVER): | $(STAMP)
 	rm -rf $(LLAMA_SERVER_SRC)
 
 setup-llama-server llama-server: $(LLAMA_SERVER)
-	$(if $(LLAMA_SERVER),,$(error ISA=$(ISA): use native or avx2))
+	$(if $(LLAMA_SERVER),,$(error ISA=$(ISA): use native, avx2 or avxvnni))
 
 models: setup
 	$(BIN)/draftwise models pull $(PRESET)
@@ -72,14 +75,15 @@ test: models
 	$(BIN)/python -m pytest -m "not slow and not remote"
 
 # The exactness and lossless tests on every kernel path this CPU runs, forced with DRAFTWISE_ISA
-# (`make test` runs the best one). avx2 and avxvnni also run torch's own AVX2 code, as a laptop
-# without AVX-512 does.
+# (`make test` runs the best one; ISA_FROM=2 starts at the second best, as CI does after `make test`).
+# avx2 and avxvnni also run torch's own AVX2 code, as a laptop without AVX-512 does.
+ISA_FROM ?= 1
 ISA_TESTS := tests/engine/test_row_invariance.py tests/engine/test_q4_kernel.py tests/engine/test_lossless.py \
 	tests/engine/test_weights.py::test_a_verify_forward_equals_one_token_steps_bit_for_bit \
 	tests/engine/test_weights.py::test_the_exactness_probe_decides_whether_a_format_drafts \
 	tests/engine/test_weights.py::test_every_drafter_is_lossless_at_every_weight_format
 test-isa: models
-	@for isa in $$($(BIN)/python -m decoding.models.kernel_build); do \
+	@for isa in $$($(BIN)/python -m decoding.models.kernel_build | cut -d' ' -f$(ISA_FROM)-); do \
 	  emulate=""; [ "$$isa" = avx2 ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"; \
 	  [ "$$isa" = avxvnni ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2_VNNI"; \
 	  echo "== DRAFTWISE_ISA=$$isa $$emulate"; \

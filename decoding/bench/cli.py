@@ -91,8 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "--spec-draft-n-max N); rows llama-server@VARIANT, asked over /infill")
     g.add_argument("--llama-server-binary", metavar="PATH",
                    help="the llama-server to run (default: on PATH, else beside this Python, where "
-                        "`make setup-llama-server` puts it; `make setup-llama-server ISA=avx2` builds "
-                        ".venv/bin/llama-server-avx2, which must be given here)")
+                        "`make setup-llama-server` puts it; `make setup-llama-server ISA=avx2|avxvnni` builds "
+                        ".venv/bin/llama-server-avx2|avxvnni, which must be given here)")
     g.add_argument("--llama-goal", type=float, metavar="X",
                    help="auto's decode speed over llama.cpp's plain decoding that counts as met "
                         "(default: 1.3, 1.0 with --draft); over its fastest speculation: 1.3")
