@@ -148,14 +148,20 @@ class LlamaServerProcess:
         return " | ".join(text[-lines:]) or "no output"
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         self.scratch.cleanup()
+
+
+def stop_process(process: subprocess.Popen | None, wait_s: float = 30) -> None:
+    """Terminate a server we started and reap it; killed if it has not ended within wait_s."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def timing_from_server(server: dict, speculative: bool) -> dict | None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import psutil
 
+from decoding.bench.llama_server import stop_process
 from lsp_server.replay.editor import ClientProfile, Document, Suggestion
 
 # llama.vim's defaults (its s:default_config) and its request body.
@@ -210,12 +211,7 @@ class LlamaVimBackend:
     def stop(self) -> None:
         if self.retry is not None:
             self.retry.cancel()
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        stop_process(self.process)
 
     # ---- llama.vim ---------------------------------------------------------------------------------
     def _fim(self, doc: Document, prev: list[str] | None) -> None:
