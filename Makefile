@@ -21,10 +21,26 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # The `gguf` weight format: llama.cpp's CPU kernels under the same verify loop (README, "Weights").
-# llama-cpp-python builds llama.cpp from source the first time (~12 minutes on 2 cores); pip keeps
-# the wheel in its cache outside the clone. `make test` then also runs tests/engine/test_gguf.py.
-$(LLAMACPP_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,llamacpp]'
+# llama-cpp-python builds llama.cpp from source the first time (~12 minutes on 2 cores), tuned for
+# this CPU but without AMX: llama.cpp's AMX path segfaults on Q4_K_M files on Sapphire Rapids (llama.cpp
+# issue 20824, closed unfixed; GCC keeps an explicit -mno-* over what -march=native implies). The wheel
+# is kept outside the clone in a folder named by the version and this CPU's flags, so a cache moved to
+# another CPU, or pip's own cache holding a build with AMX, is never what gets installed.
+# `make test` then also runs tests/engine/test_gguf.py.
+LLAMACPP_PYTHON ?= llama-cpp-python==0.3.36
+NO_AMX := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
+CPU_TAG := $(shell (grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null; uname -m) | md5sum | cut -c1-10)
+LLAMACPP_WHEELS ?= $(HOME)/.cache/draftwise-wheels/$(subst ==,-,$(LLAMACPP_PYTHON))-$(CPU_TAG)
+$(LLAMACPP_WHEELS)/.built: | $(STAMP)
+	mkdir -p $(LLAMACPP_WHEELS)
+	CMAKE_ARGS='$(if $(NO_AMX),-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)")' \
+	  $(BIN)/python -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python \
+	  "$(LLAMACPP_PYTHON)" -w $(LLAMACPP_WHEELS)
+	touch $@
+LLAMACPP_FROM_WHEELS := --find-links $(LLAMACPP_WHEELS) "$(LLAMACPP_PYTHON)"
+
+$(LLAMACPP_STAMP): $(STAMP) $(LLAMACPP_WHEELS)/.built
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,llamacpp]' $(LLAMACPP_FROM_WHEELS)
 	touch $(LLAMACPP_STAMP)
 
 setup-llamacpp: $(LLAMACPP_STAMP)
@@ -35,11 +51,8 @@ setup-llamacpp: $(LLAMACPP_STAMP)
 # once per ISA. ISA=native tunes it for this CPU (bin/llama-server); ISA=avx2 builds what an AVX2-only
 # laptop runs (bin/llama-server-avx2), ISA=avxvnni what one with AVX-VNNI runs (bin/llama-server-avxvnni),
 # to compare against draftwise's kernels for those CPUs on the same machine.
-# The native build leaves AMX out: llama.cpp's AMX path segfaults on Q4_K_M files on Sapphire Rapids
-# (seen on the first forward here; llama.cpp issue 20824, closed unfixed). GCC keeps an explicit
-# -mno-* over what -march=native implies.
+# The native build leaves AMX out, as the gguf format's wheel above does.
 ISA ?= native
-NO_AMX := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 LLAMA_SERVER_CMAKE_native := -DGGML_NATIVE=ON $(if $(NO_AMX),-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)")
 LLAMA_SERVER_CMAKE_avx2 := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
   -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF
@@ -49,7 +62,6 @@ LLAMA_SERVER_avx2 := $(BIN)/llama-server-avx2
 LLAMA_SERVER_avxvnni := $(BIN)/llama-server-avxvnni
 LLAMA_SERVER := $(LLAMA_SERVER_$(ISA))
 LLAMA_SERVER_SRC := $(VENV)/llama-server-src-$(ISA)
-LLAMACPP_PYTHON ?= llama-cpp-python==0.3.36
 $(LLAMA_SERVER): | $(STAMP)
 	rm -rf $(LLAMA_SERVER_SRC) && mkdir -p $(LLAMA_SERVER_SRC)
 	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: "$(LLAMACPP_PYTHON)" -d $(LLAMA_SERVER_SRC)
@@ -102,11 +114,10 @@ test-arm:
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not real_model and not remote"
 
-# The remote backend against a real engine (llama-cpp-python's server). The first install builds
-# llama.cpp from source (~12 minutes on 2 cores); pip keeps the built wheel in its cache outside the
-# clone (~/.cache/pip), so later installs take seconds.
-$(REMOTE_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,remote,remote-test]'
+# The remote backend against a real engine (llama-cpp-python's server), on the same wheel as the
+# gguf format (built once, without AMX, above), so later installs take seconds.
+$(REMOTE_STAMP): $(STAMP) $(LLAMACPP_WHEELS)/.built
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,remote,remote-test]' $(LLAMACPP_FROM_WHEELS)
 	touch $(REMOTE_STAMP)
 
 test-remote: models $(REMOTE_STAMP)
