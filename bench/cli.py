@@ -11,8 +11,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from decoding.bench.corpus import CorpusError, parse_languages, sample_cases
-from decoding.bench.metrics import ALL_MODES, LLAMA_SERVER
+from bench.corpus import CorpusError, parse_languages, sample_cases
+from bench.metrics import ALL_MODES, LLAMA_SERVER
 from decoding.errors import DraftwiseError
 
 log = logging.getLogger("draftwise.bench")
@@ -132,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _llama_server_variants(args, modes: tuple[str, ...]):
     """--llama-server's variants; they run unless --modes leaves `llama-server` out."""
-    from decoding.bench.llama_server import parse_variants
+    from bench.llama_server import parse_variants
 
     try:
         variants = parse_variants(getattr(args, "llama_server", None))
@@ -251,7 +251,7 @@ def run(args) -> int:
         return 0
     quality_reference = None
     if getattr(args, "quality_reference", None):
-        from decoding.bench.harness import read_quality_reference
+        from bench.harness import read_quality_reference
         try:
             cases, quality_cases, quality_reference = read_quality_reference(
                 args.quality_reference, max_tokens=getattr(args, "max_tokens", None) or 48,
@@ -261,8 +261,8 @@ def run(args) -> int:
 
     from tqdm import tqdm
 
-    from decoding.bench import report
-    from decoding.bench.harness import Bench, BenchSettings, build_report_data
+    from bench import report
+    from bench.harness import Bench, BenchSettings, build_report_data
 
     max_tokens = getattr(args, "max_tokens", None) or 48
     if max_tokens < 1:
@@ -318,7 +318,7 @@ def run(args) -> int:
     load_after = _load_average()
     serve_rss = None
     if args.serve_rss:
-        from decoding.bench.serve_memory import serve_rss_mib
+        from bench.serve_memory import serve_rss_mib
 
         print("measuring draftwise serve memory per format", file=sys.stderr)
         serve_rss = serve_rss_mib(args.target, sorted({"fp32", *engines}, key=["fp32", "bf16", "int8", "int4"].index))
@@ -364,7 +364,7 @@ def _crossfile(args, engine, corpus: bool = False) -> dict:
     packages (--corpus-context N), with and without the repository context."""
     from tqdm import tqdm
 
-    from decoding.bench.crossfile import corpus_cases_in_workspaces, crossfile_cases, run_crossfile, run_plan
+    from bench.crossfile import corpus_cases_in_workspaces, crossfile_cases, run_crossfile, run_plan
 
     contexts = [c.strip() for c in args.repo_context.split(",") if c.strip()]
     if not contexts or set(contexts) - {"off", "on"}:
@@ -395,8 +395,8 @@ def _crossfile(args, engine, corpus: bool = False) -> dict:
 
 def _quality_merge(args) -> int:
     """`--quality-merge A.json,B.json`: earlier runs' scored records pooled into one gate table."""
-    from decoding.bench import report
-    from decoding.bench.harness import merge_quality_runs
+    from bench import report
+    from bench.harness import merge_quality_runs
 
     paths = [p.strip() for p in args.quality_merge.split(",") if p.strip()]
     try:
@@ -414,7 +414,7 @@ def _quality_merge(args) -> int:
 
 
 def _serve_start(args, weights: str) -> dict | str:
-    from decoding.bench.serve_memory import serve_start
+    from bench.serve_memory import serve_start
 
     print("timing a draftwise serve start", file=sys.stderr)
     return serve_start(args.target, weights)
@@ -424,7 +424,7 @@ def _serve_start_only(args, measured: dict | str) -> int:
     print("draftwise serve start: " + (measured if isinstance(measured, str)
                                        else ", ".join(f"{k} {v}" for k, v in measured.items())))
     if args.json_path:
-        from decoding.bench import report
+        from bench import report
 
         report.write_json({"config": {"target": args.target,
                                       "command": "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:])},
@@ -435,7 +435,7 @@ def _serve_start_only(args, measured: dict | str) -> int:
 def _crossfile_only(args, weights: str) -> int:
     """`--limit 0 --cross-file N` / `--corpus-context N`: those cases alone, on one engine."""
     from decoding.api import EngineConfig
-    from decoding.bench import report
+    from bench import report
     from decoding.engine import Engine
 
     config = EngineConfig(target=args.target, weights=weights, max_tokens=getattr(args, "max_tokens", None) or 48,

@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from decoding.bench.corpus import (KEEP_PREFIX_CHARS, KEEP_SUFFIX_CHARS, MIN_PREFIX_CHARS, Case, default_roots,
+from bench.corpus import (KEEP_PREFIX_CHARS, KEEP_SUFFIX_CHARS, MIN_PREFIX_CHARS, Case, default_roots,
                                    language_of, list_files, read_source, sample_cases)
-from decoding.bench.metrics import RunRecord, paired_difference
+from bench.metrics import RunRecord, paired_difference
 from decoding.repository.files import FileLimits
 from decoding.repository.index import WorkspaceIndex, family
 from decoding.repository.imports import parse_imports
@@ -178,7 +178,7 @@ def crossfile_cases(limit: int, seed: int = 0, languages: Sequence[str] | None =
 
 def corpus_cases_in_workspaces(limit: int, seed: int = 0, languages: Sequence[str] | None = None,
                                corpus: str | None = None) -> tuple[list[CrossFileCase], dict[Path, WorkspaceIndex]]:
-    """`limit` cases of the ordinary bench corpus (decoding/bench/corpus.py: not chosen for using another
+    """`limit` cases of the ordinary bench corpus (bench/corpus.py: not chosen for using another
     file), each with its package as the workspace, as the cross-file cases have: what the repository
     context does to completions in general. A case whose file is not inside a package (a module lying
     directly in a root) has no workspace and is passed over."""

@@ -29,10 +29,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Sequence
 
-from decoding.bench.corpus import Case
-from decoding.bench.hf_baselines import GenerateTiming, cut_at_end
-from decoding.bench.llama_server import LlamaServerProcess, find_llama_server, timing_from_server
-from decoding.bench.metrics import (
+from bench.corpus import Case
+from bench.hf_baselines import GenerateTiming, cut_at_end
+from bench.llama_server import LlamaServerProcess, find_llama_server, timing_from_server
+from bench.metrics import (
     ALL_MODES, ENGINE_MODES, HF_MODES, LLAMA_SERVER, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
     paired_difference, percentile, quality_summary, remote_key, split_key, summarize,
 )
@@ -81,7 +81,7 @@ class BenchSettings:
     # the `remote` mode's inference servers (decoding/remote): (label, target) pairs; one row each,
     # `remote@LABEL` (`remote` alone for one unlabelled server)
     remote_targets: Sequence[tuple[str, str]] = ()
-    # llama.cpp's server as a peer (decoding/bench/llama_server.py): its variants, one row each, and
+    # llama.cpp's server as a peer (bench/llama_server.py): its variants, one row each, and
     # the binary (None: found on PATH or beside this Python)
     llama_server: Sequence = ()
     llama_server_binary: str | None = None
@@ -220,7 +220,7 @@ class Bench:
 
     # ---- which modes can run ----------------------------------------------------------------
     def plan_modes(self) -> list[str]:
-        from decoding.bench import llamacpp_baselines
+        from bench import llamacpp_baselines
 
         wanted = [m for m in ALL_MODES if m in self.s.modes]
         runnable = []
@@ -345,7 +345,7 @@ class Bench:
         return None
 
     def _llama(self):
-        from decoding.bench.llamacpp_baselines import LlamaCppWorker, gguf_for
+        from bench.llamacpp_baselines import LlamaCppWorker, gguf_for
 
         if self.llama is None:
             n_ctx = self.engine.config.context_tokens + self.s.max_tokens + 64
@@ -357,7 +357,7 @@ class Bench:
     def run_mode(self, case: Case, key: str, prompt: list[int], run: str = "") -> RunRecord:
         """key: a mode, `mode@format` for engine modes. run: what makes this run's document key
         unique among runs of the same case and mode."""
-        from decoding.bench.hf_baselines import generate_timed
+        from bench.hf_baselines import generate_timed
 
         mode, fmt = split_key(key)
         e = self.reference
@@ -687,7 +687,7 @@ def machine_info() -> dict:
                     torch_threads=torch.get_num_threads(), cpu_capability=torch.backends.cpu.get_cpu_capability())
     except ImportError:
         pass
-    from decoding.bench import llamacpp_baselines
+    from bench import llamacpp_baselines
 
     info["llama_cpp_python"] = llamacpp_baselines.version()
     return info
@@ -805,7 +805,7 @@ def read_quality_reference(path: str, **settings) -> tuple[list[Case], list[Case
     `none@fp32` runs and its fp32 quality runs): fp32 is the slowest format, and greedy decoding of the
     same prompts gives the same text. settings (max_tokens=..., context_tokens=...) must be the earlier
     run's. Raises ValueError when they differ, a case cannot be read again, or fp32 lacks a case."""
-    from decoding.bench.corpus import case_from_dict, default_roots, list_files
+    from bench.corpus import case_from_dict, default_roots, list_files
 
     data = json.loads(Path(path).read_text())
     config = data.get("config", {})

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from decoding.bench.hf_baselines import GenerateTiming
+from bench.hf_baselines import GenerateTiming
 
 
 def available() -> bool:
@@ -109,7 +109,7 @@ class LlamaCppWorker:
     """llama.cpp in a child process: one plain and one prompt-lookup instance, created on first use."""
 
     def __init__(self, gguf: Path, n_ctx: int, lookup_tokens: int, threads: int | None = None):
-        cmd = [sys.executable, "-m", "decoding.bench.llamacpp_baselines", str(gguf), str(n_ctx),
+        cmd = [sys.executable, "-m", "bench.llamacpp_baselines", str(gguf), str(n_ctx),
                str(lookup_tokens), str(threads or 0)]
         root = str(Path(__file__).resolve().parents[2])  # the child imports this package from here too
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}

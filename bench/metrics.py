@@ -20,7 +20,7 @@ HF_MODES = ("hf-plain", "hf-assisted", "hf-lookup")
 ENGINE_MODES = ("none", "lookup", "model", "auto")
 LLAMACPP_MODES = ("llamacpp-plain", "llamacpp-lookup")
 REMOTE_MODES = ("remote",)
-LLAMA_SERVER = "llama-server"  # rows llama-server@VARIANT (decoding/bench/llama_server.py)
+LLAMA_SERVER = "llama-server"  # rows llama-server@VARIANT (bench/llama_server.py)
 ALL_MODES = HF_MODES + ENGINE_MODES + LLAMACPP_MODES + REMOTE_MODES + (LLAMA_SERVER,)
 # Decode speed of a case that produced fewer tokens after the first one is mostly timer noise.
 MIN_DECODE_TOKENS = 4

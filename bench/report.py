@@ -146,7 +146,7 @@ def markdown(data: Mapping) -> str:
 
 
 def crossfile_markdown(crossfile: Mapping, corpus: bool = False) -> str:
-    """The cross-file table (decoding/bench/crossfile.py): each row a cold run per case. corpus: the
+    """The cross-file table (bench/crossfile.py): each row a cold run per case. corpus: the
     ordinary corpus's cases in their packages (--corpus-context)."""
     summary = crossfile["summary"]
     cases = crossfile["cases"]

@@ -25,7 +25,7 @@ from dataclasses import replace
 from decoding.api import CancelToken, RequestStats
 from decoding.healing import limited
 from decoding.policy import DraftPolicy
-from decoding.request_plan import RequestPlan
+from decoding.request import RequestPlan
 from decoding.runners import Cancelled
 from decoding.sampling import Sampler
 from decoding.speculative import speculative_decode

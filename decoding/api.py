@@ -125,6 +125,11 @@ class CompletionResult:
         return out
 
 
+class Cancelled(Exception):
+    """Raised where work stops between chunks (a prompt read, a draft model's catch-up) because its
+    CancelToken was cancelled: what was done so far is consistent and kept."""
+
+
 class CancelToken:
     """Set from any thread; the engine checks it before each draft step and each target forward."""
 

@@ -1,6 +1,6 @@
 """The engine: loads the models onto one worker thread and runs each submitted request there.
 
-What a request does is decided in decoding/request_plan.py, what is loaded in decoding/loading.py;
+What a request does is in decoding/request.py, what is loaded in decoding/loading.py;
 this class ties them to a thread, a per-document job registry and the stats."""
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from decoding.api import DRAFTERS, CancelToken, CompletionRequest, CompletionRes
 from decoding.errors import DraftwiseError, EngineNotReady, ModelLoadError, ModelSpecError, check_request
 from decoding.jobs import Job, JobRegistry, ModelWorker
 from decoding.loading import LoadedModels, Progress, load_models
-from decoding.request_plan import build_plan
-from decoding.request_run import read_prompt_ahead, run_plan
+from decoding.request import plan_request, read_prompt_ahead, run_request
 
 log = logging.getLogger("draftwise.engine")
 
@@ -159,8 +158,8 @@ class Engine:
             return self._record(CompletionResult("", stats), job)
         if (request.drafter or self.config.drafter) == "model":
             models.ensure_draft_model(self.config)  # asked for by name: load it if `auto` left it out
-        plan = build_plan(models, self.config, request, seen=job.saw)
-        result, stop = run_plan(models, plan, cancel)
+        plan = plan_request(models, self.config, request, seen=job.saw)
+        result, stop = run_request(models, plan, cancel)
         if request.alternatives and stop.reason != "cancelled":
             result.alternatives = alternatives.generate(models, plan, result.text, cancel)
         return self._record(result, job)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from decoding.api import ContextFile
-from decoding.healing import BlankHealing, is_blank
+from decoding.healing import BlankHealing, Constraint, is_blank, without_healed
 
 PREFIX_CUT_STEP = 32  # lines
 # An upper bound, far above what a token of code holds: text past budget × this many characters can
@@ -164,6 +164,14 @@ class PromptParts:
     suffix_chars_kept: int
     context_files: int  # how many other files made it in
     healed: str = ""  # the prefix's last blank, left out of ids: the completion must write it first
+
+    def constraint(self, healing: BlankHealing) -> Constraint | None:
+        """What the first generated token must write (the healed blank); None where nothing was healed."""
+        return Constraint(healing, self.healed) if self.healed else None
+
+    def completion_text(self, generated_text: str) -> str:
+        """The completion as the user sees it: the generated text without the healed blank it begins with."""
+        return without_healed(self.healed, generated_text)
 
 
 class PromptBuilder:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from decoding.api import CancelToken, RequestStats
@@ -27,6 +27,24 @@ class Stop:
         return text if self.keep_chars is None else text[:self.keep_chars]
 
 
+@dataclass
+class TimeCap:
+    """A request's time cap (maxTimeMs), fixed when its plan is made. Its clock starts when generation
+    does, once the prompt is read: a cold prompt's seconds of prefill on a CPU must not cut every
+    suggestion at its first line end. The first start wins, so the alternatives generated after the
+    greedy suggestion share its cap."""
+
+    seconds: float | None = None
+    deadline: float | None = None  # time.monotonic() value, once started
+
+    def start(self) -> None:
+        if self.seconds and self.deadline is None:
+            self.deadline = time.monotonic() + self.seconds
+
+    def passed(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
 @dataclass(frozen=True)
 class StopRule:
     """When a completion is over. `check` sees every generated token."""
@@ -36,8 +54,8 @@ class StopRule:
     decode: Callable[[list[int]], str]
     text_rule: Callable[[str], int | None]  # StopRules.check: chars to keep, or None to go on
     final_rule: Callable[[str], int | None]  # StopRules.finish: chars to keep when generation ends otherwise
-    deadline: float | None = None  # time.monotonic() value
-    # Past the deadline: end at the next line end (never half a line on screen), or at once (False:
+    time_cap: TimeCap = field(default_factory=TimeCap)
+    # Past the time cap: end at the next line end (never half a line on screen), or at once (False:
     # the "full" scope, whose raw output is cut wherever it is).
     whole_lines: bool = True
     # Told the completion's text after each step (a job's text so far: idle work compares it with
@@ -60,8 +78,8 @@ class StopRule:
             return Stop("eos", eos, self._keep(text))
         if len(generated) >= self.max_tokens:
             return Stop("max_tokens", n, self._keep(text))
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            return self._past_deadline(n, text)
+        if self.time_cap.passed():
+            return self._past_time_cap(n, text)
         return None
 
     def _keep(self, text: str) -> int:
@@ -70,7 +88,7 @@ class StopRule:
         keep = self.final_rule(text)
         return len(text) if keep is None else keep
 
-    def _past_deadline(self, n: int, text: str) -> Stop | None:
+    def _past_time_cap(self, n: int, text: str) -> Stop | None:
         kept = kept_past_time_cap(text, self.whole_lines)
         return None if kept is None else Stop("time_limit", n, self._keep(kept))
 
@@ -83,6 +101,7 @@ def speculative_decode(target: Runner, seq: list[int], policy: DraftPolicy, samp
     (a cancelled one keeps what it has). healing: the first token is one it allows (its row of the
     first forward is masked; plain decoding does the same)."""
     prompt_len, started = len(seq), time.perf_counter()
+    rule.time_cap.start()
     while True:
         if cancel.cancelled:
             break

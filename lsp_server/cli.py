@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -55,7 +56,20 @@ def engine_config(args) -> EngineConfig:
                         context_tokens=args.context_tokens, trust_remote_code=args.trust_remote_code)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The measurement commands live in the top-level `bench` package, outside the product: they are
+# reached by name, and imported only when one of them is the command being run.
+MEASUREMENT_COMMANDS = {"bench": "bench.cli", "replay": "bench.replay.cli"}
+
+
+def measurement_module(command: str):
+    try:
+        return importlib.import_module(MEASUREMENT_COMMANDS[command])
+    except ImportError as exc:
+        raise DraftwiseError(f"`draftwise {command}` needs extra packages: {exc} (pip install 'draftwise[bench]')") from exc
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """command: the subcommand being run; only its own arguments are loaded (see MEASUREMENT_COMMANDS)."""
     p = argparse.ArgumentParser(prog="draftwise", description="Local inline code completions, made fast with speculative decoding.")
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = p.add_subparsers(dest="command", required=True)
@@ -78,18 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmark speculative modes against plain decoding and the HF built-ins")
     add_model_flags(b, many_weights=True)
-    try:
-        from decoding.bench.cli import add_arguments as add_bench_arguments
-    except ImportError:  # the benchmark's optional parts are missing; `bench` says so when run
-        add_bench_arguments = None
-    if add_bench_arguments:
-        add_bench_arguments(b)
-
     r = sub.add_parser("replay", help="type real files back through the server and measure time to suggestion")
     add_model_flags(r)
-    from lsp_server.replay.cli import add_arguments as add_replay_arguments
-
-    add_replay_arguments(r)
+    if command in MEASUREMENT_COMMANDS:
+        measurement_module(command).add_arguments({"bench": b, "replay": r}[command])
 
     m = sub.add_parser("models", help="the offline model pack")
     msub = m.add_subparsers(dest="models_command", required=True)
@@ -206,27 +212,22 @@ def cmd_serve(args) -> int:
     os._exit(code)
 
 
-def cmd_bench(args) -> int:
-    try:
-        from decoding.bench.cli import run
-    except ImportError as exc:
-        raise DraftwiseError(f"the benchmark needs extra packages: {exc} (pip install 'draftwise[bench]')") from exc
-    return run(args)
-
-
-def cmd_replay(args) -> int:
-    from lsp_server.replay.cli import run
-
-    return run(args)
+def cmd_measure(args) -> int:
+    return measurement_module(args.command).run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = build_parser(next((a for a in argv if not a.startswith("-")), None)).parse_args(argv)
+    except DraftwiseError as exc:  # a measurement command without its extra packages
+        print(f"draftwise: error: {exc}", file=sys.stderr)
+        return 2
     if args.command == "serve":
         setup_logging(args.debug, args.log_file, logging.INFO)
     else:
         setup_logging(args.debug)
-    handlers = {"serve": cmd_serve, "complete": cmd_complete, "bench": cmd_bench, "replay": cmd_replay,
+    handlers = {"serve": cmd_serve, "complete": cmd_complete, "bench": cmd_measure, "replay": cmd_measure,
                 "models": cmd_models}
     try:
         return handlers[args.command](args)

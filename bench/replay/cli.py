@@ -5,9 +5,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from lsp_server.replay import corpus, report
-from lsp_server.replay.editor import CLIENTS
-from lsp_server.replay.runs import comparisons, make_replay, run_draftwise, run_llama_vim, run_name
+from bench.replay import corpus, report
+from bench.replay.editor import CLIENTS
+from bench.replay.runs import comparisons, make_replay, run_draftwise, run_llama_vim, run_name
 
 IDLE_RUNS = {"on": (True,), "off": (False,), "both": (False, True)}
 CONTEXT_RUNS = {"on": (True,), "off": (False,), "both": (False, True)}
@@ -69,7 +69,7 @@ def _profiles(name: str, count: int) -> list:
 def _llama_vim_setup(args) -> dict:
     """{"binary", "gguf"} for the llama.vim run, or {"reason"} why it cannot run here."""
     from decoding.models.loading import gguf_file
-    from decoding.bench.llama_server import find_llama_server
+    from bench.llama_server import find_llama_server
 
     binary = find_llama_server(args.llama_server)
     if binary is None:

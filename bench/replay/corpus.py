@@ -1,7 +1,7 @@
 """What the replay types: a region of each file, and the default files.
 
 The default files are real code installed on this machine, found as the benchmark finds them
-(`decoding.bench.corpus`: the Python standard library, site-packages, C headers, global npm
+(`bench.corpus`: the Python standard library, site-packages, C headers, global npm
 packages), so a replay needs no network. Paths in reports are shown relative to where the file was
 found (`<stdlib>/json/decoder.py`), never as this machine's absolute paths.
 """
@@ -12,7 +12,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from decoding.bench.corpus import (  # the benchmark's notion of installed, hand-written source
+from bench.corpus import (  # the benchmark's notion of installed, hand-written source
     MIN_PREFIX_CHARS, CorpusError, _prose_lines, default_roots, language_of, list_files, read_source,
 )
 

@@ -1,5 +1,5 @@
 """The draftwise server as the replay's backend: `draftwise serve` started as a child process and
-spoken to over stdio, as an editor does (through `lsp_server.raw_client`)."""
+spoken to over stdio, as an editor does (through `bench.raw_client`)."""
 from __future__ import annotations
 
 import sys
@@ -8,8 +8,8 @@ from typing import Any
 
 import psutil
 
-from lsp_server.raw_client import RawServer
-from lsp_server.replay.editor import Document, Suggestion
+from bench.raw_client import RawServer
+from bench.replay.editor import Document, Suggestion
 
 SERVE = [sys.executable, "-m", "lsp_server.cli", "serve"]  # this checkout's server, this interpreter
 IDLE_SETTING = "idleWork"  # suggestions started at pauses, read-ahead and prefetch after display; a boolean

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from lsp_server.replay.keystrokes import REACTION_S, Keystroke, accepted_text, keystroke_at
+from bench.replay.keystrokes import REACTION_S, Keystroke, accepted_text, keystroke_at
 
 
 @dataclass(frozen=True)

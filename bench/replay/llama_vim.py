@@ -32,8 +32,8 @@ from typing import Any
 
 import psutil
 
-from decoding.bench.llama_server import stop_process
-from lsp_server.replay.editor import ClientProfile, Document, Suggestion
+from bench.llama_server import stop_process
+from bench.replay.editor import ClientProfile, Document, Suggestion
 
 # llama.vim's defaults (its s:default_config) and its request body.
 N_PREFIX_LINES, N_SUFFIX_LINES, MAX_LINE_SUFFIX = 256, 64, 8

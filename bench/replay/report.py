@@ -58,7 +58,7 @@ def print_table(data: Mapping, console: Console | None = None) -> None:
 
 def machine_info() -> dict:
     """The benchmark's machine description, plus how busy the machine was when the replay began."""
-    from decoding.bench.harness import machine_info as bench_machine_info
+    from bench.harness import machine_info as bench_machine_info
 
     info = bench_machine_info()
     try:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from decoding.bench.metrics import percentile
-from lsp_server.replay.corpus import Region
-from lsp_server.replay.draftwise_backend import DraftwiseBackend
-from lsp_server.replay.editor import ClientProfile, Document, FileResult, TypingSession
-from lsp_server.replay.keystrokes import Keystroke, plan_keystrokes
+from bench.metrics import percentile
+from bench.replay.corpus import Region
+from bench.replay.draftwise_backend import DraftwiseBackend
+from bench.replay.editor import ClientProfile, Document, FileResult, TypingSession
+from bench.replay.keystrokes import Keystroke, plan_keystrokes
 
 SETTLE_S = 1.0  # after the last keystroke: what it started still counts as compute for typing
 SHOWN_WITHIN_S = 1.0
@@ -173,7 +173,7 @@ def _engine_summary(stats: dict) -> dict:
 def run_llama_vim(replay: Replay, binary: str, gguf: str, say=print) -> dict:
     """The same keystrokes through llama.vim's logic and llama-server's /infill (every file with
     llama.vim's editor behaviour instead of the file's client)."""
-    from lsp_server.replay.llama_vim import LLAMA_VIM, SERVER_FLAGS, LlamaVimBackend
+    from bench.replay.llama_vim import LLAMA_VIM, SERVER_FLAGS, LlamaVimBackend
 
     backend = LlamaVimBackend(binary, gguf)
     as_llama_vim = Replay(replay.regions, replay.plans, [LLAMA_VIM] * len(replay.regions), replay.speed)

@@ -12,7 +12,6 @@ import torch
 
 from decoding.drafters.base import Draft, DraftContext, Drafter, Offer
 from decoding.healing import limited
-from decoding.runners import read_ahead
 from decoding.runners.base import Runner
 
 
@@ -94,4 +93,4 @@ class ModelDrafter(Drafter):
         self.runner.store.clear()
 
     def prepare(self, prompt_ids: list[int], document: str, cancel) -> int:
-        return read_ahead(self.runner, prompt_ids, document, cancel)
+        return self.runner.read_ahead(prompt_ids, document, cancel)

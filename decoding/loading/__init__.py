@@ -1,5 +1,8 @@
-"""Loading what an engine runs: the target, its tokenizer and prompt format, the drafters, and a draft
-model only where it can pay on this device (the draft model's economics live here)."""
+"""Loading what an engine runs, in one home: the target, its tokenizer and prompt format, the drafters
+and the cost model (here); the format each model runs in (`weight_choice`); a draft model only where
+it can pay on this device (`draft_model`). How one model's files are read and quantized is the
+models' own business (decoding/models/loading.py); how long its forwards take, the runners'
+(decoding/runners/timing.py)."""
 from __future__ import annotations
 
 import logging
@@ -7,13 +10,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from decoding.api import EngineConfig, Progress
-from decoding.cost_model import CostModel, kept_forward_times
+from decoding.cost_model import CostModel
+from decoding.runners.timing import kept_forward_times
 from decoding.drafters.base import Drafter
+from decoding.policy import DraftPolicy
 
 log = logging.getLogger("draftwise.loading")
 
 # The cost model also times forwards on a cache this long: prompts fill ~1,000 positions, where
-# attention makes verify rows dearer than on its short cache (decoding/cost_model.py, ForwardTimes).
+# attention makes verify rows dearer than on its short cache (decoding/runners/timing.py, ForwardTimes).
 LONG_CACHE = 512
 
 
@@ -29,7 +34,7 @@ def long_cache(runner) -> int | None:
 @dataclass
 class LoadedModels:
     target: Any  # decoding.models.loading.LoadedModel
-    weights: Any  # decoding.weight_choice.WeightsChoice of the target
+    weights: Any  # decoding.loading.weight_choice.WeightsChoice of the target
     prompts: Any  # decoding.prompt.PromptBuilder
     end_ids: frozenset[int]
     target_runner: Any  # decoding.runners.base.Runner
@@ -73,6 +78,10 @@ class LoadedModels:
     def tokenizer(self):
         return self.target.tokenizer
 
+    def draft_policy(self, mode: str, stats) -> DraftPolicy:
+        """The drafting policy of one request that runs drafter `mode` (see drafter_mode)."""
+        return DraftPolicy(mode, self.drafters, self.cost, stats)
+
     def drafter_mode(self, mode: str) -> str:
         """The drafter a request runs: `mode`, or none where drafting would change the text."""
         return "none" if self.drafting_off else mode
@@ -86,7 +95,7 @@ class LoadedModels:
 
     def ensure_draft_model(self, cfg: EngineConfig) -> None:
         """A request names the `model` drafter: load the draft model if `auto` left it out."""
-        from decoding.drafters.draft_model_loading import load_left_out_draft_model
+        from decoding.loading.draft_model import load_left_out_draft_model
 
         load_left_out_draft_model(self, cfg)
 
@@ -107,10 +116,10 @@ class LoadedModels:
 def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     from transformers.utils import logging as hf_logging
 
-    from decoding.drafters.draft_model_loading import add_draft_model
+    from decoding.loading.draft_model import add_draft_model
     from decoding.drafters.lookup import LookupDrafter
     from decoding.drafters.suggestion import SuggestionDrafter
-    from decoding.weight_choice import load_weights
+    from decoding.loading.weight_choice import load_weights
     from decoding.prompt import PromptBuilder, end_token_ids
     from decoding.models.weights import return_freed_memory
     from decoding.runners import runner_for

@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from decoding.api import EngineConfig
-from decoding.cost_model import measure_forward_times
+from decoding.runners.timing import measure_forward_times
 from decoding.errors import DraftwiseError
 
 log = logging.getLogger("draftwise.loading")
@@ -25,7 +25,7 @@ def add_draft_model(models, cfg: EngineConfig) -> None:
 
 def _add_draft_model(models, cfg: EngineConfig) -> None:
     from decoding.drafters.draft_model import ModelDrafter
-    from decoding.weight_choice import load_weights
+    from decoding.loading.weight_choice import load_weights
     from decoding.runners import runner_for
 
     free, need = _available_memory_bytes(models.target.device), _checkpoint_bytes(cfg.draft)

@@ -7,9 +7,9 @@ exactness.py measures, for whichever runs, how wide a verify forward may be and 
 """
 from __future__ import annotations
 
-from decoding.runners.base import PREFILL_CHUNK, Cancelled, read_ahead, synthetic_tokens
+from decoding.runners.base import PREFILL_CHUNK, Cancelled, synthetic_tokens
 
-__all__ = ["PREFILL_CHUNK", "Cancelled", "read_ahead", "runner_for", "synthetic_tokens"]
+__all__ = ["PREFILL_CHUNK", "Cancelled", "runner_for", "synthetic_tokens"]
 
 
 def runner_for(loaded, cache_budget_bytes: int, role: str = "target", probe: bool = True):

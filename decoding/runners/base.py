@@ -11,15 +11,11 @@ from typing import Any
 
 import torch
 
-from decoding.api import CancelToken
+from decoding.api import CancelToken, Cancelled
 from decoding.kv_cache import KVStore, common_prefix_len
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds the wait for a cancel during long prefills;
 # each chunk re-reads all weights, so smaller chunks make every cold prompt slower on a CPU
-
-
-class Cancelled(Exception):
-    pass
 
 
 def synthetic_tokens(vocab_size: int, n: int) -> list[int]:
@@ -87,6 +83,22 @@ class Runner:
         self.forwards_after_cancel = 0  # this request's forwards that finished after its cancel
         # Test-only switch: make each forward slow enough to cancel mid-generation with a tiny model.
         self.test_delay_s = float(os.environ.get("DRAFTWISE_TEST_FORWARD_DELAY_MS", "0") or 0) / 1000.0
+
+    def read_ahead(self, ids: list[int], document: str, cancel: CancelToken) -> int:
+        """Idle work: extend the stored cache for `document` to hold ids[:-1], as the request that will
+        send these ids needs it. A cancel stops it between chunks and keeps what was read. Returns the
+        tokens read."""
+        reused = self.start(ids, document, cancel)
+        try:
+            self.sync(ids, cancel)
+        except Cancelled:
+            pass
+        except BaseException:
+            self.discard()
+            raise
+        read = len(self.tokens) - reused
+        self.finish()
+        return read
 
 
 class SavedCache:
@@ -199,20 +211,3 @@ class OneLiveCache(Runner):
     def _reset_live(self) -> None:
         self._live_clear()
         self._live = []
-
-
-def read_ahead(runner, ids: list[int], document: str, cancel: CancelToken) -> int:
-    """Idle work: extend the stored cache for `document` to hold ids[:-1], as the request that will
-    send these ids needs it. A cancel stops it between chunks and keeps what was read. Returns the
-    tokens read."""
-    reused = runner.start(ids, document, cancel)
-    try:
-        runner.sync(ids, cancel)
-    except Cancelled:
-        pass
-    except BaseException:
-        runner.discard()
-        raise
-    read = len(runner.tokens) - reused
-    runner.finish()
-    return read

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding.bench.corpus import Case
-from decoding.bench.harness import Bench, BenchSettings, build_report_data, completion_of
-from decoding.bench.hf_baselines import cut_at_end, generate_timed
-from decoding.bench.report import REQUIRED_MODE_KEYS, markdown
+from bench.corpus import Case
+from bench.harness import Bench, BenchSettings, build_report_data, completion_of
+from bench.hf_baselines import cut_at_end, generate_timed
+from bench.report import REQUIRED_MODE_KEYS, markdown
 from decoding.models.loading import load_model
 from decoding.prompt import PromptBuilder, end_token_ids
 
@@ -165,14 +165,14 @@ def test_small_benchmark_run_end_to_end(tiny_model_dir, tiny_draft_dir, tmp_path
 
 
 def test_gguf_lookup_for_targets(tiny_model_dir):
-    from decoding.bench.llamacpp_baselines import gguf_for
+    from bench.llamacpp_baselines import gguf_for
 
     assert gguf_for(str(tiny_model_dir)) is None  # a directory without a .gguf file
 
 
 def test_llamacpp_probe_reports_a_bad_model_file_instead_of_crashing(tmp_path):
     pytest.importorskip("llama_cpp")
-    from decoding.bench.harness import llamacpp_probe
+    from bench.harness import llamacpp_probe
 
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
@@ -182,7 +182,7 @@ def test_llamacpp_probe_reports_a_bad_model_file_instead_of_crashing(tmp_path):
 
 def test_llamacpp_worker_reports_errors_from_its_process(tmp_path):
     pytest.importorskip("llama_cpp")
-    from decoding.bench.llamacpp_baselines import LlamaCppWorker
+    from bench.llamacpp_baselines import LlamaCppWorker
 
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 64)
@@ -198,7 +198,7 @@ def test_llamacpp_worker_reports_errors_from_its_process(tmp_path):
 
 def test_every_mode_runs_at_each_weight_format_with_quality(tiny_model_dir, tmp_path):
     from decoding.api import EngineConfig
-    from decoding.bench.cli import parse_formats
+    from bench.cli import parse_formats
     from decoding.engine import Engine
 
     assert parse_formats("auto,int8,int8") == ["auto", "int8"]

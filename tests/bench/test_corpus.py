@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from decoding.bench import cli as bench_cli
-from decoding.bench.corpus import (
+from bench import cli as bench_cli
+from bench.corpus import (
     CURSOR_KINDS, MIN_PREFIX_CHARS, CorpusError, language_of, list_files, parse_languages, sample_cases,
 )
 from decoding.errors import DraftwiseError
@@ -178,7 +178,7 @@ def test_bad_modes_are_rejected():
 def test_a_listed_case_is_read_again_from_its_file_as_it_was_made(repo):
     """What --quality-reference runs: an earlier run's cases from its JSON (which keeps the package
     path, not the file on disk), with the same prefix, removed text and suffix."""
-    from decoding.bench.corpus import case_from_dict
+    from bench.corpus import case_from_dict
 
     where = {shown: source for files in list_files([repo]).values() for source, shown in files}
     for case in sample_cases(12, seed=5, corpus=repo):
@@ -193,7 +193,7 @@ def test_a_listed_case_is_read_again_from_its_file_as_it_was_made(repo):
 def test_quality_reference_pairs_a_new_run_with_an_earlier_runs_fp32_records(repo, tmp_path):
     import json
 
-    from decoding.bench.harness import read_quality_reference
+    from bench.harness import read_quality_reference
 
     cases = sample_cases(3, seed=0, corpus=repo)
     with_source = [c.to_dict() for c in cases]  # (a file the run kept the paths of)
@@ -217,7 +217,7 @@ def test_quality_reference_pairs_a_new_run_with_an_earlier_runs_fp32_records(rep
 def test_quality_merge_pools_runs_counts_a_case_once_and_refuses_other_settings(tmp_path):
     import json
 
-    from decoding.bench.harness import merge_quality_runs
+    from bench.harness import merge_quality_runs
 
     def record(fmt, case_id, right):
         return {"mode": f"auto@{fmt}", "case_id": case_id, "language": case_id.split(":")[0], "text": "x",

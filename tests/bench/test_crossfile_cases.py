@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import textwrap
 
-from decoding.bench.crossfile import _names_used, crossfile_cases
+from bench.crossfile import _names_used, crossfile_cases
 
 FILLER = "".join(f"def helper_{i}(value):\n    return value + {i}\n\n\n" for i in range(40))  # the prefix a case needs
 
@@ -48,7 +48,7 @@ def test_a_case_uses_an_imported_name_not_a_namesake(tmp_path):
 def test_corpus_cases_run_in_their_package_and_never_see_their_own_file(tmp_path):
     """--corpus-context: ordinary corpus cases, each with its package as the workspace; the selection
     shows other files of that package, never the case's own file (it holds the removed line)."""
-    from decoding.bench.crossfile import corpus_cases_in_workspaces
+    from bench.crossfile import corpus_cases_in_workspaces
     from decoding.repository.selection import select
 
     site = tmp_path / "site"

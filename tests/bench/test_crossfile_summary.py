@@ -2,8 +2,8 @@
 on records made by hand: the runs themselves need packages and a model (`draftwise bench --cross-file`)."""
 from __future__ import annotations
 
-from decoding.bench.crossfile import run_plan, summarize_crossfile
-from decoding.bench.metrics import RunRecord
+from bench.crossfile import run_plan, summarize_crossfile
+from bench.metrics import RunRecord
 
 
 def test_rows_with_and_without_the_lookup_drafter():
@@ -33,7 +33,7 @@ def test_the_context_gain_is_paired_per_case_with_an_interval():
     low, high = diff["ci95"]
     assert 0 <= low < 25.0 < high  # six against one on 20 cases: not yet clear of no gain (p 0.125)
     assert diff["only_this_right"] == 6 and diff["only_reference_right"] == 1 and diff["mcnemar_p"] == 0.125
-    from decoding.bench.report import crossfile_markdown
+    from bench.report import crossfile_markdown
 
     table = crossfile_markdown({"cases": [], "summary": summary})
     assert "made 6 first lines right and 1 wrong (first line exact +25.0 points, 95% interval" in table

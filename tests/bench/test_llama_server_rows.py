@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from decoding.bench.llama_server import Variant, parse_variants, timing_from_server
-from decoding.bench.metrics import RunRecord, check_goals, family_plain, summarize, summarize_mode
+from bench.llama_server import Variant, parse_variants, timing_from_server
+from bench.metrics import RunRecord, check_goals, family_plain, summarize, summarize_mode
 
 
 def rec(mode, case, tok_s, text="x"):
@@ -81,7 +81,7 @@ def test_a_speculative_row_compares_with_the_plain_server_and_auto_is_held_again
 
 
 def test_the_cli_refuses_a_bad_list_before_loading_anything():
-    from decoding.bench.cli import _llama_server_variants
+    from bench.cli import _llama_server_variants
     from decoding.errors import DraftwiseError
 
     class Args:
@@ -101,7 +101,7 @@ def _bench_for(tmp_path, variants: str, binary: str | None, draft: str | None = 
     from types import SimpleNamespace
 
     from decoding.api import EngineConfig
-    from decoding.bench.harness import Bench, BenchSettings
+    from bench.harness import Bench, BenchSettings
 
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")

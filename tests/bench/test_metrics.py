@@ -7,14 +7,14 @@ import random
 import numpy as np
 import pytest
 
-from decoding.bench.corpus import Case
-from decoding.bench.harness import Bench, BenchSettings, build_report_data
-from decoding.bench.hf_baselines import GenerateTiming
-from decoding.bench.metrics import (
+from bench.corpus import Case
+from bench.harness import Bench, BenchSettings, build_report_data
+from bench.hf_baselines import GenerateTiming
+from bench.metrics import (
     MIN_DECODE_TOKENS, RunRecord, case_speedups, check_goals, completion_quality, draft_model_verdict, family_plain,
     identical_rate, percentile, split_key, summarize, summarize_mode,
 )
-from decoding.bench.report import REQUIRED_MODE_KEYS, markdown, plot, write_json
+from bench.report import REQUIRED_MODE_KEYS, markdown, plot, write_json
 
 
 def rec(mode, case, tok_s=None, *, text="x", lang="python", decode_tokens=20, total_ms=1000.0, forwards=None,
@@ -217,7 +217,7 @@ def test_a_server_row_with_its_speculation_compares_with_the_same_server_without
 
 
 def test_remote_servers_are_given_as_a_labelled_list():
-    from decoding.bench.cli import parse_remote_list
+    from bench.cli import parse_remote_list
     from decoding.errors import DraftwiseError
 
     assert parse_remote_list(None) == ()
@@ -232,7 +232,7 @@ def test_remote_servers_are_given_as_a_labelled_list():
 
 
 def test_the_json_names_no_directory_of_this_machine(tmp_path):
-    from decoding.bench.report import write_json
+    from bench.report import write_json
 
     out = tmp_path / "run.json"
     write_json({"cases": [{"path": "pkg/mod.py", "line": 3, "source": "/home/someone/venv/pkg/mod.py"}],

@@ -2,7 +2,7 @@
 spawn to its first inline suggestion."""
 from __future__ import annotations
 
-from decoding.bench.serve_memory import serve_start
+from bench.serve_memory import serve_start
 
 
 def test_a_start_is_timed_to_its_first_suggestion(tiny_model_dir):

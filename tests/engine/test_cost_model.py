@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from decoding.api import CancelToken, CompletionRequest, RequestStats
-from decoding.cost_model import CostModel, ForwardTimes, expected_tokens
+from decoding.cost_model import CostModel, expected_tokens
+from decoding.runners.timing import ForwardTimes
 from decoding.drafters.base import Draft, Drafter, Offer
 from decoding.policy import DraftPolicy
 from decoding.sampling import Sampler

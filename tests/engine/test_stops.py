@@ -9,7 +9,7 @@ import torch
 from decoding import CompletionRequest, EngineConfig
 from decoding.drafters.base import Draft, Drafter, Offer
 from decoding.engine import Engine
-from decoding.speculative import Stop, StopRule
+from decoding.speculative import Stop, StopRule, TimeCap
 from tests.engine.healed import HealedPrompt, last_logits
 
 EOS = 0
@@ -20,9 +20,10 @@ NL = 99
 
 def rule(text_rule=lambda text: None, final_rule=lambda text: None, max_tokens=10, deadline=None,
          whole_lines=True) -> StopRule:
+    """deadline: a time.monotonic() value, as a started time cap has."""
     # Token i decodes to the letter chr(ord('a') + i), NL to a line break; EOS decodes to nothing.
     decode = lambda ids: "".join("\n" if i == NL else chr(ord("a") + i) for i in ids if i != EOS)  # noqa: E731
-    return StopRule(frozenset({EOS}), max_tokens, decode, text_rule, final_rule, deadline, whole_lines)
+    return StopRule(frozenset({EOS}), max_tokens, decode, text_rule, final_rule, TimeCap(deadline=deadline), whole_lines)
 
 
 def test_an_end_of_text_inside_an_accepted_run_keeps_only_what_comes_before_it():
@@ -66,6 +67,22 @@ def test_the_time_limit_of_raw_output_stops_and_keeps_what_was_generated():
     assert rule(deadline=time.monotonic() + 60, whole_lines=False).check([1, 2]) is None
     stop = rule(deadline=time.monotonic() - 1, final_rule=lambda text: len(text) - 1, whole_lines=False).check([1, 2])
     assert stop == Stop("time_limit", 2, 1)
+
+
+def test_the_time_cap_starts_with_generation_and_only_once():
+    """Fixed when the plan is made, started by the verify loop; the alternatives' loops that follow
+    the greedy suggestion start it again and keep its deadline, so they share its cap."""
+    cap = TimeCap(seconds=0.05)
+    assert cap.deadline is None and not cap.passed()  # the prompt is being read: no clock yet
+    cap.start()
+    first = cap.deadline
+    assert first is not None and not cap.passed()
+    time.sleep(0.06)
+    cap.start()
+    assert cap.deadline == first and cap.passed()
+    uncapped = TimeCap(seconds=None)
+    uncapped.start()
+    assert uncapped.deadline is None and not uncapped.passed()
 
 
 def test_past_the_time_limit_a_suggestion_ends_with_its_last_whole_line():

@@ -13,7 +13,7 @@ from decoding.engine import Engine
 from decoding.models import quality_gate, row_ops, weights
 from decoding.models.loading import load_model
 from decoding.models.specs import parse_model_spec
-from decoding.weight_choice import WORKLOADS, FormatTiming, TimingCache, WeightsChoice, choose_and_load
+from decoding.loading.weight_choice import WORKLOADS, FormatTiming, TimingCache, WeightsChoice, choose_and_load
 from decoding.runners.hf import ModelRunner
 from tests.engine.healed import HealedPrompt
 
@@ -221,8 +221,8 @@ def test_auto_picks_the_fastest_eligible_format_and_keeps_its_timings(tmp_path, 
     spec = parse_model_spec("qwen2.5-coder-0.5b")
     table = fake_timings(fp32=5.0, bf16=2.0, int8=1.0, int4=0.5, gguf=0.8)
     timed: list[str] = []
-    monkeypatch.setattr("decoding.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
-    monkeypatch.setattr("decoding.weight_choice.time_format",
+    monkeypatch.setattr("decoding.loading.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
+    monkeypatch.setattr("decoding.loading.weight_choice.time_format",
                         lambda loaded: timed.append(loaded.weights) or table[loaded.weights])
     gate = lambda key: (["fp32", "bf16", "int8"], "test gate")  # int4 and gguf are faster but fail the gate
     cache = TimingCache(tmp_path / "timings.json")
@@ -242,9 +242,9 @@ def test_auto_picks_the_fastest_eligible_format_and_keeps_its_timings(tmp_path, 
 
 def test_a_format_whose_kernel_fails_is_skipped_with_one_log_line(tmp_path, monkeypatch, caplog):
     spec = parse_model_spec("qwen2.5-coder-0.5b")
-    monkeypatch.setattr("decoding.weight_choice.kernel_problem",
+    monkeypatch.setattr("decoding.loading.weight_choice.kernel_problem",
                         lambda fmt, device, spec=None: "no int8 kernel here" if fmt == "int8" else None)
-    monkeypatch.setattr("decoding.weight_choice.time_format",
+    monkeypatch.setattr("decoding.loading.weight_choice.time_format",
                         lambda loaded: fake_timings(fp32=3.0, int8=1.0)[loaded.weights])
     with caplog.at_level(logging.WARNING):
         loaded, choice = choose_and_load(spec, torch.device("cpu"), "target", FakeLoaded,
@@ -255,7 +255,7 @@ def test_a_format_whose_kernel_fails_is_skipped_with_one_log_line(tmp_path, monk
 
 def test_cuda_gets_bf16_without_timing(monkeypatch):
     """No GPU here: a fake loader stands in for loading onto CUDA; only the decision is tested."""
-    monkeypatch.setattr("decoding.weight_choice.time_format", lambda loaded: pytest.fail("timed on CUDA"))
+    monkeypatch.setattr("decoding.loading.weight_choice.time_format", lambda loaded: pytest.fail("timed on CUDA"))
     loaded, choice = choose_and_load(parse_model_spec("qwen2.5-coder-0.5b"), torch.device("cuda"), "target",
                                      FakeLoaded)
     assert loaded.weights == choice.format == "bf16"
@@ -295,7 +295,7 @@ def test_the_gates_figures_are_the_committed_runs():
 
 
 def test_paired_difference_interval_and_mcnemar():
-    from decoding.bench.metrics import RunRecord, paired_difference
+    from bench.metrics import RunRecord, paired_difference
 
     def records(hits):
         return {f"c{i}": RunRecord(mode="none", case_id=f"c{i}", language="python", first_line_exact=h)
@@ -341,11 +341,11 @@ def test_between_formats_about_as_fast_auto_picks_the_better_quality(tmp_path, m
     between starts; `auto` then takes the one the quality gate scored higher (int8 here: 17.0% first
     lines against int4's 14.6%). A clearly faster format still wins."""
     spec = parse_model_spec("qwen2.5-coder-0.5b")
-    monkeypatch.setattr("decoding.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
+    monkeypatch.setattr("decoding.loading.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
     gate = lambda key: (["fp32", "int8", "int4"], "test gate")  # noqa: E731
     for int8_s, picked in ((1.05, "int8"), (1.25, "int4")):
         table = fake_timings(fp32=5.0, int8=int8_s, int4=1.0)
-        monkeypatch.setattr("decoding.weight_choice.time_format", lambda loaded, table=table: table[loaded.weights])
+        monkeypatch.setattr("decoding.loading.weight_choice.time_format", lambda loaded, table=table: table[loaded.weights])
         loaded, choice = choose_and_load(spec, torch.device("cpu"), "target", FakeLoaded,
                                          TimingCache(tmp_path / f"t{int8_s}.json"), gate)
         assert loaded.weights == choice.format == picked
@@ -359,9 +359,9 @@ def test_int4_on_a_kernel_whose_quantization_was_never_gated_is_not_eligible(tmp
     """The quality gate measured int4's fitted grids (the VNNI kernel's packing); where ATen's kernel
     runs int4 it packs min..max grids, a quality never measured: `auto` leaves it out and says why."""
     spec = parse_model_spec("qwen2.5-coder-0.5b")
-    monkeypatch.setattr("decoding.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
-    monkeypatch.setattr("decoding.weight_choice.quantization_measured", lambda fmt: fmt != "int4")
-    monkeypatch.setattr("decoding.weight_choice.time_format",
+    monkeypatch.setattr("decoding.loading.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
+    monkeypatch.setattr("decoding.loading.weight_choice.quantization_measured", lambda fmt: fmt != "int4")
+    monkeypatch.setattr("decoding.loading.weight_choice.time_format",
                         lambda loaded: fake_timings(fp32=3.0, int8=1.0, int4=0.5)[loaded.weights])
     loaded, choice = choose_and_load(spec, torch.device("cpu"), "target", FakeLoaded,
                                      TimingCache(tmp_path / "t.json"), lambda key: (["fp32", "int8", "int4"], "gate"))

@@ -32,7 +32,7 @@ def llama_server_pids(binary: str) -> set[int]:
 
 
 def test_the_bench_runs_llama_server_beside_the_engine_and_stops_it(tmp_path):
-    from decoding.bench.llama_server import find_llama_server
+    from bench.llama_server import find_llama_server
     from decoding.models import pack
     from decoding.models.specs import PRESETS
 

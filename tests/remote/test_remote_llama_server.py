@@ -35,7 +35,7 @@ def slot(url: str) -> dict:
 def llama_server(tmp_path_factory):
     from decoding.models import pack
     from decoding.models.specs import PRESETS
-    from decoding.bench.llama_server import LlamaServerProcess, find_llama_server
+    from bench.llama_server import LlamaServerProcess, find_llama_server
 
     binary = find_llama_server()
     if binary is None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import random
 import time
 
-from lsp_server.replay.editor import NEOVIM, VSCODE, Document, FileResult, Suggestion, TypingSession
-from lsp_server.replay.keystrokes import plan_keystrokes
-from lsp_server.replay.runs import summarize
+from bench.replay.editor import NEOVIM, VSCODE, Document, FileResult, Suggestion, TypingSession
+from bench.replay.keystrokes import plan_keystrokes
+from bench.replay.runs import summarize
 
 PREFIX = "def f(x):\n    "
 REGION = "y = x + 1\n    z = y * 2\n    return z"

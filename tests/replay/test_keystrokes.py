@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lsp_server.replay.editor import NEOVIM, VSCODE
-from lsp_server.replay.keystrokes import (
+from bench.replay.editor import NEOVIM, VSCODE
+from bench.replay.keystrokes import (
     BURST_KEYS_PER_S, KEY_JITTER, PAUSE_MIN_S, accepted_text, keystroke_at, plan_keystrokes, split_keys,
 )
 

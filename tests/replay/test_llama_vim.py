@@ -10,9 +10,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from lsp_server.replay.editor import Document, FileResult, TypingSession
-from lsp_server.replay.keystrokes import plan_keystrokes
-from lsp_server.replay.llama_vim import LLAMA_VIM, LlamaVimBackend, fim_context, rendered
+from bench.replay.editor import Document, FileResult, TypingSession
+from bench.replay.keystrokes import plan_keystrokes
+from bench.replay.llama_vim import LLAMA_VIM, LlamaVimBackend, fim_context, rendered
 
 PREFIX = "def f(x):\n    "
 REGION = "y = x + 1\n    z = y * 2\n    return z"
@@ -94,8 +94,8 @@ def test_one_request_at_a_time_cache_hits_shown_at_once_and_followed_by_a_specul
 def test_without_a_llama_server_binary_the_run_is_reported_as_not_run(tmp_path):
     from types import SimpleNamespace
 
-    from lsp_server.replay.cli import _llama_vim_setup
-    from decoding.bench.llama_server import find_llama_server
+    from bench.replay.cli import _llama_vim_setup
+    from bench.llama_server import find_llama_server
 
     missing = str(tmp_path / "llama-server")
     assert find_llama_server(missing) is None

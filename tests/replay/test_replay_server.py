@@ -82,7 +82,7 @@ def _run(latencies_ms):
 
 
 def test_p50_ratio_has_an_interval_that_narrows_with_more_pauses():
-    from lsp_server.replay.runs import p50_ratio
+    from bench.replay.runs import p50_ratio
 
     slow, fast = [110.0, 90.0, 130.0, 100.0, 120.0], [50.0, 45.0, 55.0, 60.0, 40.0]
     few = p50_ratio(_run(slow), _run(fast))
