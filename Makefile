@@ -90,12 +90,12 @@ test: models
 # (`make test` runs the best one; ISA_FROM=2 starts at the second best, as CI does after `make test`).
 # avx2 and avxvnni also run torch's own AVX2 code, as a laptop without AVX-512 does.
 ISA_FROM ?= 1
-ISA_TESTS := tests/engine/test_row_invariance.py tests/engine/test_q4_kernel.py tests/engine/test_lossless.py \
+ISA_TESTS := tests/engine/test_row_invariance.py tests/engine/test_integer_kernels.py tests/engine/test_lossless.py \
 	tests/engine/test_weights.py::test_a_verify_forward_equals_one_token_steps_bit_for_bit \
 	tests/engine/test_weights.py::test_the_exactness_probe_decides_whether_a_format_drafts \
 	tests/engine/test_weights.py::test_every_drafter_is_lossless_at_every_weight_format
 test-isa: models
-	@for isa in $$($(BIN)/python -m decoding.models.kernel_build | cut -d' ' -f$(ISA_FROM)-); do \
+	@for isa in $$($(BIN)/python -m decoding.kernels.build | cut -d' ' -f$(ISA_FROM)-); do \
 	  emulate=""; [ "$$isa" = avx2 ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"; \
 	  [ "$$isa" = avxvnni ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2_VNNI"; \
 	  echo "== DRAFTWISE_ISA=$$isa $$emulate"; \
@@ -107,7 +107,7 @@ test-isa: models
 ARM_TEST := $(VENV)/neon_kernel_test
 test-arm:
 	@mkdir -p $(VENV)
-	aarch64-linux-gnu-g++ -O2 -std=c++17 -march=armv8.2-a+dotprod -static -I decoding/models \
+	aarch64-linux-gnu-g++ -O2 -std=c++17 -march=armv8.2-a+dotprod -static -I decoding/kernels \
 	  tests/kernels/neon_kernel_test.cpp -o $(ARM_TEST)
 	qemu-aarch64 -cpu max $(ARM_TEST)
 

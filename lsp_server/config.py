@@ -44,7 +44,7 @@ class Settings:
     idle_work: bool = True  # start suggestions at pauses, read prompts ahead, prefetch after a shown one
     # Past this long a suggestion ends at its next line end (so a block shows its first lines fast;
     # prefetch brings the rest when they are taken); 0: no cap. The typing replay chose the value
-    # (docs/performance.md, "What typing feels like").
+    # (docs/performance.md, "Typing it back").
     max_time_ms: int = 150
     # The repository as context (decoding/repository/): definitions of the names near the cursor and
     # the most similar code of other files, in this many tokens of the prompt budget (at most half);

@@ -5,7 +5,7 @@ MAX_DROP_POINTS of first-line exact match against fp32: the 95% interval of its 
 fp32 on the same cases (`versus_fp32`, a bootstrap over cases) lies wholly below -MAX_DROP_POINTS. A
 handful of cases proves nothing either way, so an entry without an interval falls back to the point
 estimates. The figures come from `draftwise bench --weights ... --quality-cases N` (see
-docs/performance.md); a model never measured gets the formats that passed on every measured model.
+docs/weights.md, "The quality gate"); a model never measured gets the formats that passed on every measured model.
 A format missing from a model's entry was not measured and is not eligible.
 """
 from __future__ import annotations

@@ -37,10 +37,10 @@ def _checkpoint_id(source: str) -> str:
 
 def path_for(source: str, fmt: str) -> Path | None:
     """Where this checkpoint in `fmt` is (to be) kept, or None when its files cannot be read."""
-    from decoding.models import q4_kernel
+    from decoding.kernels import integer_linear
     from decoding.models.weights import implementation
 
-    if fmt == "int4" and not q4_kernel.load():  # ATen's packing is made at load; only our kernel's is kept
+    if fmt == "int4" and not integer_linear.load():  # ATen's packing is made at load; only our kernel's is kept
         return None
     if not Path(source).is_dir() or not any(Path(source).glob("*.safetensors")):
         return None  # a hub id not downloaded yet: no files to name it by

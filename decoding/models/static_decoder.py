@@ -9,9 +9,9 @@ element-wise ops.
 Why each row is exact, whatever `n`, the thread count and however the sequence was split into
 forwards:
 - the linear layers compute each row on its own (int8: integer products of a row quantized with
-  its own scale; int4: decoding/models/q4_kernel.py's kernel, the same per row, or ATen's, which
+  its own scale; int4: decoding/kernels/integer_linear.py's kernel, the same per row, or ATen's, which
   runs rows independently);
-- attention: decoding/models/row_ops.cpp computes each (row, head) as one task in an order of its
+- attention: decoding/kernels/row_ops.cpp computes each (row, head) as one task in an order of its
   own, over exactly the keys at positions 0..p. Where it cannot run (no C++ compiler, bf16
   activations), torch's batched matmuls on one thread, a row at position p attending over a window
   of keys that depends on p alone (the first roundup(p + 1, WINDOW_STEP) cache positions, later ones
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from decoding.models import q4_kernel, row_ops
+from decoding.kernels import integer_linear, row_ops
 from decoding.models.weights import Int4Linear, Int8Embedding, Int8Linear, compute_dtype, int4_groups, int8_rows
 
 ARCHITECTURES = ("qwen2", "llama", "mistral")
@@ -106,8 +106,8 @@ def _linear(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | N
     if fmt == "int8":
         return Int8Linear(*int8_rows(weight), bias)
     out_features, in_features = weight.shape
-    if fmt == "int4" and q4_kernel.load() and q4_kernel.fits(out_features, in_features):
-        return q4_kernel.Q4Linear(weight, bias)
+    if fmt == "int4" and integer_linear.load() and integer_linear.fits(out_features, in_features):
+        return integer_linear.Q4Linear(weight, bias)
     if fmt == "int4" and out_features % 8 == 0 and in_features % INT4_GROUP == 0:
         return Int4Linear(*int4_groups(weight, INT4_GROUP), INT4_GROUP, in_features, out_features,
                           None if bias is None else bias.to(torch.bfloat16))

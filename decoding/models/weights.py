@@ -10,7 +10,7 @@ other kernels for other batch sizes). The quantized formats here do:
   result is bit-identical whatever the batch size. The embedding table is int8 rows too. The rest
   of the model computes in fp32.
 - int4: on the static forward, where the CPU has AVX-512 VNNI, 4-bit codes in groups of 32 times
-  activations quantized to int8 per row, summed in integers (decoding/models/q4_kernel.py: our own
+  activations quantized to int8 per row, summed in integers (decoding/kernels/integer_linear.py: our own
   kernel, each row computed alike whatever the batch); elsewhere ATen's CPU weight-only kernel
   (`_weight_int4pack_mm_for_cpu`, bf16 activations), which computes each row on its own.
 - Attention is made row-exact for both (see `row_exact_attention`).
@@ -32,7 +32,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from decoding.api import WEIGHT_FORMATS
-from decoding.models import q4_kernel
+from decoding.kernels import integer_linear
 
 log = logging.getLogger(__name__)
 
@@ -75,20 +75,20 @@ def int4_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.T
 
 class Int8Linear(nn.Module):
     """y = dequant(int8(x) @ int8(W).T) + bias: per-token activation scales, per-channel weight scales.
-    Where the VNNI kernel runs (decoding/models/q4_kernel.py) the weights are kept in its layout and
+    Where the VNNI kernel runs (decoding/kernels/integer_linear.py) the weights are kept in its layout and
     it computes the same bits as `_int_mm` here, twice as fast for the few rows of a step."""
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
-        self.vnni = q4_kernel.load() and q4_kernel.fits_int8(self.out_features, self.in_features)
+        self.vnni = integer_linear.load() and integer_linear.fits_int8(self.out_features, self.in_features)
         if self.vnni:
             # a layout only on the meta device (decoding/models/quantized_store.py fills it): its
             # reductions would import torch's symbolic shapes (~1.2 s of a start)
             sums = torch.empty(self.out_features, dtype=torch.int32, device="meta") if qweight.is_meta \
                 else qweight.sum(1, dtype=torch.int32)
             self.register_buffer("weight_sums", sums)
-            qweight = q4_kernel.pack_int8(qweight)
+            qweight = integer_linear.pack_int8(qweight)
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
@@ -139,7 +139,7 @@ class Int8Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.vnni:
-            rows = q4_kernel.int8_rows_of(self.qweight, ids)
+            rows = integer_linear.int8_rows_of(self.qweight, ids)
         else:
             rows = F.embedding(ids, self.qweight)
         return rows.float() * self.scale[ids].unsqueeze(-1)
@@ -200,11 +200,11 @@ def _int4_fits(linear: nn.Linear) -> bool:
 def kernel(fmt: str) -> str:
     """What computes `fmt`'s matmuls and attention here: `q8` / `q4q8` (the VNNI kernels) or `intmm` /
     `aten` (torch's), with `+rows` where row_ops.cpp computes the static forward's attention."""
-    from decoding.models import row_ops
+    from decoding.kernels import row_ops
 
     if fmt not in QUANTIZED:
         return "torch"
-    vnni = q4_kernel.load()
+    vnni = integer_linear.load()
     matmul = ("q4q8" if vnni else "aten") if fmt == "int4" else ("q8" if vnni else "intmm")
     rows = compute_dtype(fmt) == torch.float32 and row_ops.problem() is None
     return matmul + ("+rows" if rows else "")
@@ -212,10 +212,10 @@ def kernel(fmt: str) -> str:
 
 # The code whose changes change what a forward computes: kept measurements made with other code are
 # made again.
-FORWARD_CODE = ("weights.py", "static_decoder.py", "q4_kernel.py", "q4_kernel.cpp", "row_ops.py", "row_ops.cpp",
-                "q4_kernel_avx2.cpp", "q4_kernel_neon.cpp", "q4_kernel_neon.h", "q4_kernel_ops.h",
-                "kernel_build.py", "quantized_store.py", "../runners/static.py",
-                "../runners/exactness.py")
+FORWARD_CODE = ("weights.py", "static_decoder.py", "quantized_store.py", "../runners/static.py",
+                "../runners/exactness.py", *(f"../kernels/{name}" for name in (
+                    "integer_linear.py", "avx512vnni.cpp", "avx2.cpp", "neon.cpp", "neon_core.h", "ops.h",
+                    "row_ops.py", "row_ops.cpp", "build.py")))
 
 
 @functools.lru_cache(maxsize=1)
@@ -235,31 +235,31 @@ def implementation(fmt: str) -> str:
     """`fmt`, the kernel that runs it here, the instruction set it was built for and a hash of the
     forward's code (FORWARD_CODE), as kept measurements (exactness, timings) are keyed: another
     kernel, ISA or code is measured again. Starts with `fmt-`."""
-    from decoding.models import kernel_build
+    from decoding.kernels import build as kernel_build
 
     return f"{fmt}-{kernel(fmt)}-{kernel_build.isa()}-{code_hash()}"
 
 
 def build_kernels(say) -> None:
     """Build every kernel this CPU runs, at set-up (`draftwise models pull`), not while a user waits."""
-    from decoding.models import kernel_build, row_ops
+    from decoding.kernels import build as kernel_build, row_ops
 
-    for what, problem in (("attention", row_ops.problem), ("int8/int4", q4_kernel.problem)):
+    for what, problem in (("attention", row_ops.problem), ("int8/int4", integer_linear.problem)):
         why = problem()
         say(f"kernel {what} for {kernel_build.isa()}: " + ("ready" if why is None else f"not used ({why})"))
 
 
 def quantization_measured(fmt: str) -> bool:
     """Whether `fmt` here is the quantization the quality gate measured: int4's grids fitted per group
-    (q4_kernel.pack) exist only on the VNNI kernel; ATen's int4 packs min..max grids, never gated."""
-    return fmt != "int4" or q4_kernel.load()
+    (integer_linear.pack) exist only on the VNNI kernel; ATen's int4 packs min..max grids, never gated."""
+    return fmt != "int4" or integer_linear.load()
 
 
 def compute_dtype(fmt: str) -> torch.dtype:
     """The dtype of activations and of the KV cache under `fmt`. int4: fp32 where its own kernel runs
-    (decoding/models/q4_kernel.py, which quantizes activations to int8 itself), else bf16 for ATen's."""
+    (decoding/kernels/integer_linear.py, which quantizes activations to int8 itself), else bf16 for ATen's."""
     if fmt == "int4":
-        return torch.float32 if q4_kernel.load() else torch.bfloat16
+        return torch.float32 if integer_linear.load() else torch.bfloat16
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(fmt, torch.float32)
 
 
@@ -371,12 +371,12 @@ def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None)
         return None
     if device.type != "cpu":
         return f"{fmt} weights use CPU kernels here; this device is {device.type}"
-    if not q4_kernel.load() and not int_mm_exact():  # both formats' lm_head is int8
-        return (f"{fmt} needs draftwise's int8 kernel on this CPU ({q4_kernel.problem()}): torch's int8 "
+    if not integer_linear.load() and not int_mm_exact():  # both formats' lm_head is int8
+        return (f"{fmt} needs draftwise's int8 kernel on this CPU ({integer_linear.problem()}): torch's int8 "
                 "matmul saturates its sums here (oneDNN without VNNI)")
     try:
         if kernel(fmt).startswith("q4q8"):
-            layer = q4_kernel.Q4Linear(nn.Linear(128, 32).weight, None)
+            layer = integer_linear.Q4Linear(nn.Linear(128, 32).weight, None)
         else:
             layer = (Int8Linear if fmt == "int8" else Int4Linear).from_linear(nn.Linear(128, 32))
         layer(torch.randn(2, 128, dtype=compute_dtype(fmt)))

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.models import q4_kernel, quantized_store, row_ops, weights
+from decoding.kernels import integer_linear, row_ops
+from decoding.models import quantized_store, weights
 from decoding.models.loading import load_model
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_a_second_load_reads_the_kept_quantized_model(tiny_model_dir, tmp_path, monkeypatch, fmt):
-    q4_kernel.load(), row_ops.problem()  # the kernels as built in the usual home, before it moves
+    integer_linear.load(), row_ops.problem()  # the kernels as built in the usual home, before it moves
     monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
     ids = torch.tensor([5, 17, 42, 99, 7, 300, 12, 64])
     first = load_model(str(tiny_model_dir), weights=fmt)
@@ -40,7 +41,7 @@ def test_a_second_load_reads_the_kept_quantized_model(tiny_model_dir, tmp_path, 
 
 
 def test_a_torn_kept_file_is_quantized_again(tiny_model_dir, tmp_path, monkeypatch):
-    q4_kernel.load(), row_ops.problem()
+    integer_linear.load(), row_ops.problem()
     monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
     load_model(str(tiny_model_dir), weights="int8")
     [kept] = (tmp_path / "quantized").glob("*.safetensors")

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from decoding.models import row_ops
+from decoding.kernels import row_ops
 from decoding.models.static_decoder import WINDOW_STEP, StaticDecoder
 from decoding.runners.static import STATIC_PREFILL_CHUNK
 

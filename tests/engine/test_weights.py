@@ -10,7 +10,8 @@ from torch import nn
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
-from decoding.models import quality_gate, row_ops, weights
+from decoding.kernels import row_ops
+from decoding.models import quality_gate, weights
 from decoding.models.loading import load_model
 from decoding.models.specs import parse_model_spec
 from decoding.loading.weight_choice import WORKLOADS, FormatTiming, TimingCache, WeightsChoice, choose_and_load
@@ -383,7 +384,7 @@ def test_kept_measurements_are_keyed_by_kernel_isa_and_forward_code(monkeypatch)
 def test_int8_without_the_kernel_needs_an_exact_int_mm(monkeypatch):
     """Where torch's int8 matmul saturates (oneDNN without VNNI: `ATEN_CPU_CAPABILITY=avx2
     ONEDNN_MAX_CPU_ISA=AVX2` here) and draftwise's kernel is not built, int8 and int4 say so."""
-    monkeypatch.setattr(weights.q4_kernel, "load", lambda: False)
+    monkeypatch.setattr(weights.integer_linear, "load", lambda: False)
     monkeypatch.setattr(weights, "int_mm_exact", lambda: False)
     for fmt in ("int8", "int4"):
         assert "saturates" in weights.kernel_problem(fmt, torch.device("cpu"))

@@ -1,9 +1,9 @@
-// The ARM kernel's core (decoding/models/q4_kernel_neon.h) against a plain reference of the same
+// The ARM kernel's core (decoding/kernels/neon_core.h) against a plain reference of the same
 // arithmetic -- exact integer sums, the x86 kernels' float epilogue -- bit for bit, at every row
 // count 1..17 and for inputs whose size is and is not a multiple of the vector widths; and on the
-// inputs of tests/engine/test_q4_kernel.py's cross-ISA test, against the digests the x86 kernels give.
+// inputs of tests/engine/test_integer_kernels.py's cross-ISA test, against the digests the x86 kernels give.
 // Built with an aarch64 cross compiler and run under qemu (`make test-arm`): no ARM machine here.
-#include "q4_kernel_neon.h"
+#include "neon_core.h"
 
 #include <cstdio>
 #include <cstring>
@@ -71,7 +71,7 @@ void check_q8(int n, int k) {
   std::vector<float> wscale(n);
   for (auto& w : weights) w = static_cast<int8_t>(uniform(-127, 127));
   for (auto& s : wscale) s = static_cast<float>(uniform(1, 1000)) / 4096.0f;
-  for (int b = 0; b < n / 16; ++b)  // q4_kernel.py's pack_int8: [N/16][K/4][16 lanes x 4 bytes]
+  for (int b = 0; b < n / 16; ++b)  // integer_linear.py's pack_int8: [N/16][K/4][16 lanes x 4 bytes]
     for (int s = 0; s < k / 4; ++s)
       for (int j = 0; j < 16; ++j)
         for (int t = 0; t < 4; ++t) packed[(static_cast<size_t>(b) * (k / 4) + s) * 64 + j * 4 + t] = weights[(16 * b + j) * k + 4 * s + t];
@@ -103,7 +103,7 @@ void check_q4(int n, int k, int group) {
   for (auto& c : codes) c = static_cast<uint8_t>(uniform(0, 15));
   for (auto& s : scales) s = float_to_half(static_cast<float>(uniform(1, 300)) / 1024.0f);
   for (auto& l : lows) l = float_to_half(static_cast<float>(uniform(-300, 300)) / 1024.0f);
-  for (int b = 0; b < n / 16; ++b)  // q4_kernel.py's pack: [N/16][K/8][16 lanes x 4 bytes of two nibbles]
+  for (int b = 0; b < n / 16; ++b)  // integer_linear.py's pack: [N/16][K/8][16 lanes x 4 bytes of two nibbles]
     for (int s = 0; s < k / 8; ++s)
       for (int j = 0; j < 16; ++j)
         for (int t = 0; t < 4; ++t) {
@@ -156,7 +156,7 @@ uint64_t fnv1a(const std::vector<float>& v) {
   return h;
 }
 
-// tests/engine/test_q4_kernel.py's cross_isa_outputs, made from the same numbers of the same generator
+// tests/engine/test_integer_kernels.py's cross_isa_outputs, made from the same numbers of the same generator
 // (restarted), through this kernel: its digests must be the ones the AVX-512 VNNI kernel gave there.
 void check_against_x86() {
   state = 88172645463325252ull;

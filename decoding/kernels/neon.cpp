@@ -1,9 +1,9 @@
-// q4_kernel.cpp's ops for aarch64 with the dot-product extension: q4_kernel_neon.h's blocks, on
+// avx512vnni.cpp's ops for aarch64 with the dot-product extension: neon_core.h's blocks, on
 // torch's threads (blocks of 16 outputs split among them, as on x86).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include "q4_kernel_ops.h"  // the ops' checks and their registration
-#include "q4_kernel_neon.h"
+#include "ops.h"  // the ops' checks and their registration
+#include "neon_core.h"
 
 namespace {
 

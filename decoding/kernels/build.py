@@ -1,5 +1,5 @@
-"""Building the C++ kernels (torch's cpp_extension, ninja) once per machine, and which instruction set
-they are built for.
+"""Building the C++ kernels (torch's cpp_extension, ninja) once per machine and code version, and which
+instruction set they are built for.
 
 `DRAFTWISE_ISA` forces a path: `auto` (the default: the best this CPU runs; `neon` on aarch64),
 `avx512vnni`, `avxvnni` (AVX-VNNI on 256-bit registers), `avx2` or `portable` (no kernel of our own: torch's `_int_mm`, ATen's int4 and
@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -96,7 +97,7 @@ def isa() -> str:
     return wanted
 
 
-# compiler flags for portable C++ (decoding/models/row_ops.cpp) on each path: its vectors map to
+# compiler flags for portable C++ (decoding/kernels/row_ops.cpp) on each path: its vectors map to
 # the widest registers the path allows
 VECTOR_FLAGS = {"avx512vnni": ["-mavx512f", "-mfma"], "avxvnni": ["-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"],
                 "neon": [], "portable": []}
@@ -123,32 +124,66 @@ def _build_lock(where: Path):
 
 
 def build(name: str, source: Path, cflags: list[str], what: str) -> str | None:
-    """Build (the first time) and load the extension `name` from `source` into
-    $DRAFTWISE_HOME/extensions; returns why it cannot run, or None when its ops are registered."""
+    """Build (the first time) and load the extension `name` from `source` into $DRAFTWISE_HOME/extensions;
+    returns why it cannot run, or None when its ops are registered. The build folder is named by a
+    hash of the sources and flags, so changed code is built again, never loaded stale; the build runs
+    in a child process (torch's cpp_extension and ninja), and this process only loads the library."""
     import torch
-    from torch.utils import cpp_extension
 
     from decoding.models import paths
 
     if problem := compiler_problem():
         return problem
-    where = paths.draftwise_home() / "extensions" / f"{name}-{isa()}-torch{torch.__version__}"
-    if not any(where.glob("*.so")):
-        log.info("building the %s kernel into %s (once per machine and torch version)", what, where)
-    # ninja from the package's environment, where PATH may not reach it; PATH is put back after
-    saved = os.environ.get("PATH", "")
-    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), saved])
+    flags = ["-O3", "-fopenmp", *cflags]
+    where = paths.draftwise_home() / "extensions" / f"{name}-{isa()}-torch{torch.__version__}-{_code_hash(source, flags)}"
+    library = where / f"{name}.so"
     try:
         with _build_lock(where):
-            cpp_extension.load(name, [str(source)], extra_cflags=["-O3", "-fopenmp", *cflags],
-                               extra_ldflags=["-fopenmp"], build_directory=str(where),
-                               is_python_module=False, verbose=False)
+            if not library.exists():
+                log.info("building the %s kernel into %s (once per machine, torch version and code)", what, where)
+                _build_in_child(name, source, flags, where)
+                _evict_other_builds(where)
+        torch.ops.load_library(str(library))
     except Exception as exc:  # noqa: BLE001 - a failed build costs this kernel, not the load
         log.warning("%s kernel not built (%s: %s): torch's own ops run instead", what, type(exc).__name__, exc)
         return f"build failed: {type(exc).__name__}"
-    finally:
-        os.environ["PATH"] = saved
     return None
+
+
+def _code_hash(source: Path, flags: list[str]) -> str:
+    digest = hashlib.sha256(" ".join(flags).encode())
+    for path in [source, *sorted(source.parent.glob("*.h"))]:  # every header a kernel file may include
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+BUILD_IN_CHILD = """import sys
+from torch.utils import cpp_extension
+name, source, where, *flags = sys.argv[1:]
+cpp_extension.load(name, [source], extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=where,
+                   is_python_module=False, verbose=False)
+"""
+
+
+def _build_in_child(name: str, source: Path, flags: list[str], where: Path) -> None:
+    """torch's cpp_extension runs `ninja` from PATH: the child's PATH starts with this environment's
+    scripts folder, where pip put ninja, without touching this process's."""
+    import subprocess
+
+    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    done = subprocess.run([sys.executable, "-c", BUILD_IN_CHILD, name, str(source), str(where), *flags], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        lines = [ln for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
+        raise RuntimeError(lines[-1] if lines else f"exit status {done.returncode}")
+
+
+def _evict_other_builds(where: Path) -> None:
+    """Builds of other code or another torch, for the same kernel and ISA, are never loaded again."""
+    prefix = where.name.split("-torch")[0] + "-torch"
+    for other in where.parent.glob(prefix + "*"):
+        if other != where and other.is_dir():
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def runnable() -> list[str]:
@@ -159,5 +194,5 @@ def runnable() -> list[str]:
     return [isa for isa in NEEDS if _cpu_runs(isa, flags)] + ["portable"]
 
 
-if __name__ == "__main__":  # `python -m decoding.models.kernel_build`: the paths this CPU runs (make test-isa)
+if __name__ == "__main__":  # `python -m decoding.kernels.build`: the paths this CPU runs (make test-isa)
     print(" ".join(runnable()))

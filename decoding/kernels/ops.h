@@ -1,10 +1,10 @@
-// What every instruction set's kernel file (q4_kernel.cpp, q4_kernel_avx2.cpp, q4_kernel_neon.cpp)
+// What every instruction set's kernel file (avx512vnni.cpp, avx2.cpp, neon.cpp)
 // shares: the two ops' argument checks, and their registration with torch. Each file includes this
 // once and defines the two ops declared here.
 #pragma once
 #include <torch/extension.h>
 
-// x [M, K] float32 -> [M, N] float32 (q4_kernel.py: Int8Linear's and Q4Linear's layouts)
+// x [M, K] float32 -> [M, N] float32 (integer_linear.py: Int8Linear's and Q4Linear's layouts)
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_sums,
                      const at::Tensor& scale);
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,

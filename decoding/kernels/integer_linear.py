@@ -1,5 +1,5 @@
-"""int4 and int8 weights x int8 activations: q4_kernel.cpp (AVX-512 VNNI), q4_kernel_avx2.cpp (AVX2, or
-AVX-VNNI built with DRAFTWISE_AVXVNNI) or q4_kernel_neon.cpp (aarch64), built once per machine.
+"""int4 and int8 weights x int8 activations: avx512vnni.cpp (AVX-512 VNNI), avx2.cpp (AVX2, or
+AVX-VNNI built with DRAFTWISE_AVXVNNI) or neon.cpp (aarch64), built once per machine.
 
 The int4 format's linears run here where the CPU has AVX-512 VNNI, AVX-VNNI, AVX2 or ARM's dot product (and a C++ compiler),
 else on ATen's int4 kernel (decoding/models/weights.py: Int4Linear); so do Int8Linear's (the int8
@@ -18,22 +18,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from decoding.models import kernel_build
+from decoding.kernels import build as kernel_build
 
 log = logging.getLogger(__name__)
 
 GROUP = 32  # inputs per scale and low: Q4_1's group, 5 bits a weight with fp16 scales and lows
 BLOCK = 16  # outputs per block: one 32-bit lane each of a 512-bit register
-SOURCE = Path(__file__).with_name("q4_kernel.cpp")
+SOURCE = Path(__file__).with_name("avx512vnni.cpp")
 
 
 # the kernel's source and compiler flags on each instruction set it is written for
 SOURCES = {
     "avx512vnni": (SOURCE, ["-mavx512f", "-mavx512bw", "-mavx512vnni", "-mf16c", "-mfma"]),
-    "avxvnni": (SOURCE.with_name("q4_kernel_avx2.cpp"), ["-mavx2", "-mfma", "-mf16c", "-mavxvnni",
+    "avxvnni": (SOURCE.with_name("avx2.cpp"), ["-mavx2", "-mfma", "-mf16c", "-mavxvnni",
                                                          "-DDRAFTWISE_AVXVNNI"]),
-    "avx2": (SOURCE.with_name("q4_kernel_avx2.cpp"), ["-mavx2", "-mfma", "-mf16c"]),
-    "neon": (SOURCE.with_name("q4_kernel_neon.cpp"), ["-march=armv8.2-a+dotprod"]),
+    "avx2": (SOURCE.with_name("avx2.cpp"), ["-mavx2", "-mfma", "-mf16c"]),
+    "neon": (SOURCE.with_name("neon.cpp"), ["-march=armv8.2-a+dotprod"]),
 }
 
 
@@ -47,7 +47,7 @@ def problem() -> str | None:
     if isa == "neon" and not kernel_build.arm_dot_product():
         return "the CPU lacks ARM's dot-product extension (asimddp)"
     source, flags = SOURCES[isa]
-    return kernel_build.build("draftwise_q4_kernel", source, flags, f"int8/int4 {isa}")
+    return kernel_build.build("draftwise_integer_linear", source, flags, f"int8/int4 {isa}")
 
 
 def _fit_groups(groups: torch.Tensor, refits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -188,7 +188,7 @@ PACKED_BYTES = 3 << 30  # packed layers kept: a 1.5B's and a 0.5B's int4 layers 
 
 
 class Q4Linear(nn.Module):
-    """y = x @ W.T + bias with W in 4-bit codes and x quantized to int8 per row (q4_kernel.cpp)."""
+    """y = x @ W.T + bias with W in 4-bit codes and x quantized to int8 per row (avx512vnni.cpp)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP):
         super().__init__()

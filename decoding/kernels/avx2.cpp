@@ -1,4 +1,4 @@
-// q4_kernel.cpp's two ops for AVX2 CPUs without VNNI (most laptops): the same layouts, the same
+// avx512vnni.cpp's two ops for AVX2 CPUs without VNNI (most laptops): the same layouts, the same
 // quantization and the same bits, with 256-bit integer instructions.
 //
 // AVX2 has no u8 x s8 dot product into 32 bits; `vpmaddubsw` multiplies u8 by s8 and adds pairs into
@@ -7,7 +7,7 @@
 //   moves each activation's sign onto its weight: |x| * (w * sign(x)) pairs reach 2 * 127 * 127 = 32258
 //   at most, below int16's 32767. `vpmaddwd` by ones then adds pairs of those into int32.
 // - int4 (q4_linear): codes are 0..15, so code x activation pairs reach 2 * 15 * 127 = 3810.
-// Integer sums are exact in any order, and the float epilogues are q4_kernel.cpp's, so every row is
+// Integer sums are exact in any order, and the float epilogues are avx512vnni.cpp's, so every row is
 // bit for bit what the VNNI kernel (and, for int8, `torch._int_mm`) computes, at every width: one
 // quantization per format whatever CPU runs it.
 //
@@ -17,7 +17,7 @@
 // same sums.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include "q4_kernel_ops.h"  // the ops' checks and their registration
+#include "ops.h"  // the ops' checks and their registration
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -25,7 +25,7 @@
 
 namespace {
 
-// q4_kernel.cpp's quantize_row_bytes with offset 0, 8 values an instruction: the same division,
+// avx512vnni.cpp's quantize_row_bytes with offset 0, 8 values an instruction: the same division,
 // rounding (to nearest even) and clamping per value, so the same codes.
 void quantize_row(const float* r, int64_t k, int8_t* out, float* scale) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -90,7 +90,7 @@ inline void q8_block_rows(const int8_t* w, const int8_t* const* xq, int64_t k, _
   }
 }
 
-// One block of 16 int4 outputs for R rows (q4_kernel.cpp's block_rows): per group, codes x
+// One block of 16 int4 outputs for R rows (avx512vnni.cpp's block_rows): per group, codes x
 // activations in int32, then scale and low applied in floats in the VNNI kernel's order.
 template <int R>
 inline void q4_block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo, const int8_t* const* xq,

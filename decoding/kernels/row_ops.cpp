@@ -1,6 +1,6 @@
 // Attention for the static forward, computed so that a row's result depends on its position and the
 // cache alone: not on how many rows the forward has, nor on how many threads run it
-// (decoding/models/row_ops.py says where it runs).
+// (decoding/kernels/row_ops.py says where it runs).
 //
 // Why: BLAS matmuls split their work by the thread count and the matrix shape. At 8 threads a
 // 14-row verify forward's attention (its 98 x 64 probabilities-times-values product) summed in

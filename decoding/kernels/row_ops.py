@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from decoding.models import kernel_build
+from decoding.kernels import build as kernel_build
 
 SOURCE = Path(__file__).with_name("row_ops.cpp")
 # ATen runs an element-wise op on one thread below this many elements (at::internal::GRAIN_SIZE)

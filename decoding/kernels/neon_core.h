@@ -1,5 +1,5 @@
-// q4_kernel.cpp's two ops for ARM (aarch64 with the dot-product extension: Apple Silicon, Graviton 2+,
-// recent Snapdragon), without torch: q4_kernel_neon.cpp wraps it for torch, and
+// avx512vnni.cpp's two ops for ARM (aarch64 with the dot-product extension: Apple Silicon, Graviton 2+,
+// recent Snapdragon), without torch: neon.cpp wraps it for torch, and
 // tests/kernels/neon_kernel_test.cpp runs it under qemu on any machine with a cross compiler.
 //
 // The same layouts, quantization and bits as the x86 kernels: activations are quantized to signed
@@ -16,7 +16,7 @@
 
 namespace draftwise_neon {
 
-// One row's codes (-127..127) and scale: Int8Linear's rule, as q4_kernel.cpp's quantize_row_bytes.
+// One row's codes (-127..127) and scale: Int8Linear's rule, as avx512vnni.cpp's quantize_row_bytes.
 inline void quantize_row(const float* r, int64_t k, int8_t* out, float* scale) {
   float amax = 0.0f;
   for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(r[i]));

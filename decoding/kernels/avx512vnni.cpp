@@ -1,4 +1,4 @@
-// int4 weights x int8 activations for the static forward's linears (decoding/models/q4_kernel.py),
+// int4 weights x int8 activations for the static forward's linears (decoding/kernels/integer_linear.py),
 // and int8 weights x int8 activations for Int8Linear's (below, q8_linear).
 //
 // Why a kernel of our own: ATen's int4 CPU kernel reads the 0.5B's int4 layers at ~10 GB/s for one
@@ -10,13 +10,13 @@
 // Exact at every width: each row is quantized on its own and computed by the same instructions in
 // the same order whatever the number of rows, so a verify forward's row equals a decode step.
 //
-// Layout (q4_kernel.py packs it): outputs in blocks of 16 (one 32-bit lane each), inputs in steps
+// Layout (integer_linear.py packs it): outputs in blocks of 16 (one 32-bit lane each), inputs in steps
 // of 8. For block b and step s, 64 bytes: lane j's 4 bytes hold the codes of output 16b+j at inputs
 // 8s..8s+3 (low nibbles) and 8s+4..8s+7 (high nibbles). Per block and group of `group` inputs: 16
 // fp16 scales and 16 fp16 lows; a weight is code * scale + low.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include "q4_kernel_ops.h"  // the ops' checks and their registration
+#include "ops.h"  // the ops' checks and their registration
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -122,7 +122,7 @@ inline void block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo,
 // Int8Linear's, (float(sum) * x_scale) * w_scale, so the result is bit for bit the one `_int_mm`
 // gives, at every width.
 //
-// Layout (q4_kernel.py: pack_int8): for block b and step s, 64 bytes: lane j's 4 bytes are the weights
+// Layout (integer_linear.py: pack_int8): for block b and step s, 64 bytes: lane j's 4 bytes are the weights
 // of output 16b+j at inputs 4s..4s+3.
 
 // One block of 16 outputs for R rows: each 64 bytes of weights is loaded once for all R.

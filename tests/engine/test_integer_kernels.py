@@ -1,4 +1,4 @@
-"""The int4 kernel (decoding/models/q4_kernel.py): its rows are exact at every width, and its
+"""The int4 kernel (decoding/kernels/integer_linear.py): its rows are exact at every width, and its
 results are the packed weights' products.
 Skipped where the CPU lacks AVX-512 VNNI or no C++ compiler builds it (int4 then runs on ATen's
 kernel, which tests/engine/test_weights.py covers)."""
@@ -8,15 +8,15 @@ import pytest
 import torch
 from torch import nn
 
-from decoding.models import q4_kernel
+from decoding.kernels import integer_linear
 
-pytestmark = pytest.mark.skipif(not q4_kernel.load(), reason=f"int4 kernel: {q4_kernel.problem()}")
+pytestmark = pytest.mark.skipif(not integer_linear.load(), reason=f"int4 kernel: {integer_linear.problem()}")
 
 
-def _layer(out_features: int = 96, in_features: int = 256, seed: int = 0) -> tuple[nn.Linear, q4_kernel.Q4Linear]:
+def _layer(out_features: int = 96, in_features: int = 256, seed: int = 0) -> tuple[nn.Linear, integer_linear.Q4Linear]:
     torch.manual_seed(seed)
     dense = nn.Linear(in_features, out_features)
-    return dense, q4_kernel.Q4Linear(dense.weight, dense.bias)
+    return dense, integer_linear.Q4Linear(dense.weight, dense.bias)
 
 
 def test_packing_finds_a_grid_the_weights_already_lie_on_and_beats_min_max_elsewhere():
@@ -28,11 +28,11 @@ def test_packing_finds_a_grid_the_weights_already_lie_on_and_beats_min_max_elsew
     codes = torch.randint(2, 14, (64, 8, 32)).float()  # 12 of the 16 levels used
     codes[..., 0], codes[..., 1] = 2, 13  # (each group spans them)
     on_grid = (codes * scale - 0.05).reshape(64, 256).half().float()
-    packed, scales, lows = q4_kernel.pack(on_grid)
-    assert (q4_kernel.unpack(packed, scales, lows) - on_grid).abs().max() < 2e-4
+    packed, scales, lows = integer_linear.pack(on_grid)
+    assert (integer_linear.unpack(packed, scales, lows) - on_grid).abs().max() < 2e-4
 
     dense = nn.Linear(256, 96).weight.detach()
-    got = q4_kernel.unpack(*q4_kernel.pack(dense))
+    got = integer_linear.unpack(*integer_linear.pack(dense))
     groups = dense.reshape(96, 8, 32)
     low = groups.amin(-1, keepdim=True)
     step = (groups.amax(-1, keepdim=True) - low) / 15
@@ -57,7 +57,7 @@ def test_results_are_the_packed_weights_times_int8_rows():
     to int8 with its own scale (up to float rounding in the sums)."""
     dense, q = _layer()
     x = torch.randn(5, 256)
-    weight = q4_kernel.unpack(q.packed, q.scales, q.lows)
+    weight = integer_linear.unpack(q.packed, q.scales, q.lows)
     scale = (x.abs().amax(dim=1, keepdim=True) / 127.0)
     rows = torch.round(x / scale).clamp(-127, 127) * scale
     want = rows.double() @ weight.double().T + dense.bias.detach().double()
@@ -68,7 +68,7 @@ def test_results_are_the_packed_weights_times_int8_rows():
 
 
 def test_layers_that_do_not_fit_the_layout_are_refused():
-    assert q4_kernel.fits(32, 64) and not q4_kernel.fits(40, 64) and not q4_kernel.fits(32, 48)
+    assert integer_linear.fits(32, 64) and not integer_linear.fits(40, 64) and not integer_linear.fits(32, 48)
 
 
 def test_packed_weights_are_kept_on_disk_by_their_content(tmp_path, monkeypatch):
@@ -76,22 +76,22 @@ def test_packed_weights_are_kept_on_disk_by_their_content(tmp_path, monkeypatch)
     other weights are packed anew, never served another matrix's codes."""
     monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
     dense, _ = _layer()
-    first = q4_kernel.cached_pack(dense.weight)
+    first = integer_linear.cached_pack(dense.weight)
     kept = list((tmp_path / "packed").iterdir())
     assert len(kept) == 1
-    monkeypatch.setattr(q4_kernel, "pack", lambda *a, **k: pytest.fail("packed again instead of read back"))
-    again = q4_kernel.cached_pack(dense.weight)
+    monkeypatch.setattr(integer_linear, "pack", lambda *a, **k: pytest.fail("packed again instead of read back"))
+    again = integer_linear.cached_pack(dense.weight)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     monkeypatch.undo()
     monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
     other = nn.Linear(256, 96).weight
-    assert not torch.equal(q4_kernel.cached_pack(other)[0], first[0])
+    assert not torch.equal(integer_linear.cached_pack(other)[0], first[0])
     assert len(list((tmp_path / "packed").iterdir())) == 2
 
 
 def _int_mm_reference(layer, x: torch.Tensor) -> torch.Tensor:
     """Int8Linear's arithmetic with exact integer sums (`torch._int_mm`'s where it is exact)."""
-    weight = q4_kernel.unpack_int8(layer.qweight)
+    weight = integer_linear.unpack_int8(layer.qweight)
     scale = (x.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
     xq = torch.round(x / scale).clamp(-127, 127).to(torch.int8)
     return (xq.int() @ weight.int().t()).float() * scale * layer.scale + layer.bias  # exact, unlike _int_mm without VNNI
@@ -125,7 +125,7 @@ def test_an_embedding_tied_to_a_packed_lm_head_reads_its_rows():
     ids = torch.tensor([[0, 15, 16, 47], [3, 3, 31, 32]])
     q, s = int8_rows(table.weight)
     assert torch.equal(tied(ids), nn.functional.embedding(ids, q).float() * s[ids].unsqueeze(-1))
-    assert torch.equal(q4_kernel.unpack_int8(head.qweight), q)
+    assert torch.equal(integer_linear.unpack_int8(head.qweight), q)
 
 
 def test_packed_layers_beyond_the_limit_go_least_recently_used_first(tmp_path):
@@ -185,7 +185,7 @@ def cross_isa_outputs() -> tuple[torch.Tensor, ...]:
     packed4 = torch.tensor(rng.uniform(0, 255, 10 * 112 * 64), dtype=torch.uint8).reshape(10, 112, 64)
     grids = (torch.tensor(rng.uniform(-300, 300, 2 * 10 * 28 * 16), dtype=torch.float32) / 1024).half()
     scales, lows = grids.reshape(2, 10, 28, 16)
-    weights = q4_kernel.unpack_int8(packed8)
+    weights = integer_linear.unpack_int8(packed8)
     return (x, weights, scale, torch.ops.draftwise.q8_linear(x, packed8, weights.sum(1, dtype=torch.int32), scale),
             torch.ops.draftwise.q4_linear(x, packed4, scales.contiguous(), lows.contiguous(), 32))
 
@@ -202,7 +202,7 @@ def test_every_instruction_set_computes_the_same_bits():
 
 
 def test_a_forced_instruction_set_the_cpu_lacks_is_refused_clearly(monkeypatch):
-    from decoding.models import kernel_build
+    from decoding.kernels import build as kernel_build
 
     kernel_build.isa.cache_clear()
     try:
@@ -221,7 +221,7 @@ def test_a_forced_instruction_set_the_cpu_lacks_is_refused_clearly(monkeypatch):
 def test_an_avx_vnni_laptop_gets_the_vnni_kernel_only_where_the_compiler_builds_it(monkeypatch):
     """An Alder Lake-class CPU (AVX-VNNI, no AVX-512): `auto` picks avxvnni, but falls back to the
     AVX2 kernel where the compiler predates -mavxvnni (a compiler that rejects every flag stands in)."""
-    from decoding.models import kernel_build
+    from decoding.kernels import build as kernel_build
 
     monkeypatch.setattr(kernel_build, "cpu_flags", lambda: {"avx2", "avx_vnni", "fma", "f16c"})
     monkeypatch.setattr(kernel_build.platform, "machine", lambda: "x86_64")

@@ -1,0 +1,61 @@
+"""How a kernel is built and loaded (decoding/kernels/build.py), on a tiny extension of its own: built
+in a child process into a folder named by its code, loaded from there, built again when its code
+changes (older builds evicted), never blocked by a lock file a killed build left, and this process's
+PATH left alone."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from decoding.kernels import build as kernel_build
+
+pytestmark = pytest.mark.skipif(kernel_build.compiler_problem() is not None, reason="no C++ compiler")
+
+SOURCE = """#include <torch/library.h>
+#include <ATen/ATen.h>
+at::Tensor {op}(const at::Tensor& x) {{ return x + {add}; }}
+TORCH_LIBRARY_FRAGMENT(draftwise_build_test, m) {{ m.def("{op}(Tensor x) -> Tensor"); }}
+TORCH_LIBRARY_IMPL(draftwise_build_test, CPU, m) {{ m.impl("{op}", {op}); }}
+"""
+
+
+def test_a_kernel_builds_once_per_code_and_loads_without_touching_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path / "home"))
+    source = tmp_path / "src" / "tiny.cpp"
+    source.parent.mkdir()
+    source.write_text(SOURCE.format(op="plus_one", add=1))
+    path = os.environ.get("PATH")
+    extensions = tmp_path / "home" / "extensions"
+    prefix = f"draftwise_build_test-{kernel_build.isa()}-torch"
+    (extensions / f"{prefix}{torch.__version__}-stale").mkdir(parents=True)  # an older build, evicted
+
+    assert kernel_build.build("draftwise_build_test", source, [], "test") is None
+    assert torch.equal(torch.ops.draftwise_build_test.plus_one(torch.zeros(2)), torch.ones(2))
+    first = [d.name for d in extensions.iterdir()]
+    assert len(first) == 1 and first[0].startswith(prefix) and os.environ.get("PATH") == path
+
+    # the same code again: loaded from its folder, not built
+    monkeypatch.setattr(kernel_build, "_build_in_child", lambda *a: pytest.fail("built again"))
+    assert kernel_build.build("draftwise_build_test", source, [], "test") is None
+    monkeypatch.undo()
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path / "home"))
+
+    # changed code: a new folder, the old one evicted. A build killed midway left torch's `lock` file
+    # in that folder; torch would wait on it forever, so the build removes it first.
+    source.write_text(SOURCE.format(op="plus_two", add=2))
+    killed = extensions / f"{prefix}{torch.__version__}-{kernel_build._code_hash(source, ['-O3', '-fopenmp'])}"
+    killed.mkdir()
+    (killed / "lock").write_text("")
+    assert kernel_build.build("draftwise_build_test", source, [], "test") is None
+    assert torch.equal(torch.ops.draftwise_build_test.plus_two(torch.zeros(2)), torch.full((2,), 2.0))
+    second = [d.name for d in extensions.iterdir()]
+    assert len(second) == 1 and second[0] != first[0] and os.environ.get("PATH") == path
+
+
+def test_a_failed_build_says_why_and_the_load_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path / "home"))
+    source = tmp_path / "broken.cpp"
+    source.write_text("this is not C++\n")
+    assert kernel_build.build("draftwise_build_broken", source, [], "test") == "build failed: RuntimeError"
