@@ -8,7 +8,6 @@ deterministic draft (lookup, suggestion) is a point mass q, which reduces to sam
 from __future__ import annotations
 
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from decoding.drafters.base import Draft
 
@@ -16,8 +15,11 @@ from decoding.drafters.base import Draft
 class Sampler:
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None):
         self.greedy = temperature <= 0.0
-        self.warpers = LogitsProcessorList()
+        self.warpers = []
         if not self.greedy:
+            # transformers' own warpers, imported only when sampling: a greedy start never loads it
+            from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
             self.warpers.append(TemperatureLogitsWarper(temperature))
             if top_k and top_k > 0:
                 self.warpers.append(TopKLogitsWarper(top_k))
@@ -33,7 +35,9 @@ class Sampler:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """[n, V] logits -> [n, V] probabilities after temperature / top-k / top-p."""
         logits = logits.float()
-        warped = self.warpers(None, logits) if len(self.warpers) else logits
+        for warper in self.warpers:
+            logits = warper(None, logits)
+        warped = logits
         return torch.softmax(warped, dim=-1)
 
     def pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:

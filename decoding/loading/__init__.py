@@ -114,8 +114,6 @@ class LoadedModels:
 
 
 def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
-    from transformers.utils import logging as hf_logging
-
     from decoding.loading.draft_model import add_draft_model
     from decoding.drafters.lookup import LookupDrafter
     from decoding.drafters.suggestion import SuggestionDrafter
@@ -124,7 +122,6 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     from decoding.models.weights import return_freed_memory
     from decoding.runners import runner_for
 
-    hf_logging.disable_progress_bar()
     progress(f"loading target {cfg.target}", 0.05)
     target, weights = load_weights(cfg.target, cfg.weights, cfg.device, cfg.dtype, cfg.trust_remote_code, "target",
                                    context_tokens=cfg.context_tokens + cfg.max_tokens + 64)

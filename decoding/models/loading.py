@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from decoding.errors import ModelLoadError, ModelNotAvailable, ModelSpecError
@@ -128,7 +130,6 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
     """weights: a format of decoding.models.weights (fp32, bf16, int8, int4, gguf); None: `dtype` decides.
     context_tokens: positions llama.cpp's context holds (gguf); prompts are fitted to it."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     from decoding import faults
     from decoding.models import weights as formats
@@ -148,10 +149,8 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
         torch_dtype = formats.load_dtype(weights)
     source, extra = model_source(spec)
     try:
-        # the tokenizer (~1 s, much of it parsing its JSON) is read while a kept quantized model maps;
-        # transformers' lazy module is resolved here first, not in both threads at once
-        from transformers import AutoTokenizer  # noqa: F401
-
+        # the tokenizer (~0.3 s parsing its JSON) is read while a kept quantized model maps: a start
+        # that finds both needs nothing of transformers
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             reading = pool.submit(_tokenizer, source, extra, trust_remote_code)
             kept = (_kept_static_decoder(source, weights, trust_remote_code)
@@ -159,6 +158,10 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
             tokenizer = reading.result()
         if kept is not None:
             return LoadedModel(kept, tokenizer, spec, dev, formats.compute_dtype(weights), _display_name(spec), weights)
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, trust_remote_code=trust_remote_code,
             use_safetensors=None if "gguf_file" in extra else True, **extra,
@@ -194,8 +197,6 @@ def _load_error(spec_text: str, exc: Exception, trust_remote_code: bool) -> Mode
 def _kept_static_decoder(source: str, fmt: str, trust_remote_code: bool):
     """The static forward in `fmt` from the quantized model kept on disk (decoding/models/
     quantized_store.py), or None: none kept, or an architecture the static forward does not take."""
-    from transformers import AutoConfig
-
     from decoding.models import quantized_store
     from decoding.models.static_decoder import STATIC_CONTEXT, StaticDecoder, unsupported
 
@@ -203,7 +204,7 @@ def _kept_static_decoder(source: str, fmt: str, trust_remote_code: bool):
     if where is None or not where.exists():
         return None
     try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        config = _plain_config(source, trust_remote_code)
         if unsupported(config, STATIC_CONTEXT):
             return None
         decoder = StaticDecoder(quantized_store.meta_skeleton(config), fmt, STATIC_CONTEXT)
@@ -253,11 +254,49 @@ def _load_gguf(spec_text: str, spec: ModelSpec, device, trust_remote_code: bool,
     return LoadedModel(model, tokenizer, spec, device, torch.float32, _display_name(spec), "gguf")
 
 
+# what the static forward reads of a configuration without a default of its own
+STATIC_FIELDS = frozenset({"model_type", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                           "num_hidden_layers", "rms_norm_eps", "vocab_size", "hidden_act"})
+
+
+class _JsonConfig(SimpleNamespace):
+    """config.json's fields as attributes: all the static forward reads of a model's configuration
+    (decoding/models/static_decoder.py, quantized_store.meta_skeleton). A field the file lacks is
+    absent here where transformers would fill its default; the readers give the same defaults."""
+
+    def get_text_config(self):
+        return self
+
+
+def _plain_config(source: str, trust_remote_code: bool):
+    """The configuration without importing transformers (~0.8 s of a start) where config.json says
+    all of it: a text-only model with no code of its own; else transformers' AutoConfig."""
+    try:
+        data = json.loads((Path(source) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and "text_config" not in data and "auto_map" not in data and STATIC_FIELDS <= set(data):
+        return _JsonConfig(**data)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+
+
 def _tokenizer(source: str, extra: dict, trust_remote_code: bool):
+    """The model's tokenizer: as transformers built it at an earlier start, kept (decoding/models/
+    tokenizer.py), else transformers' AutoTokenizer, kept for the next start."""
+    from decoding.models.tokenizer import FileTokenizer
+
+    plain = "gguf_file" not in extra and not trust_remote_code
+    if plain and (tokenizer := FileTokenizer.read(source)) is not None:
+        return tokenizer
     from transformers import AutoTokenizer
 
     tok_extra = {"gguf_file": extra["gguf_file"]} if "gguf_file" in extra else {}
-    return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **tok_extra)
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **tok_extra)
+    if plain:
+        FileTokenizer.keep(source, tokenizer)
+    return tokenizer
 
 
 def _display_name(spec: ModelSpec) -> str:
