@@ -7,6 +7,7 @@ Where things live:
 - `completions.py`  what a completion request does, from cursor to item
 - `cursor.py`       where the cursor is: the line around it, mid-word or not
 - `suggestions.py`  a suggestion as LSP items, and what the user accepted of it
+- `typing_along.py` every answer before the engine is asked: the prediction, type-ahead, prefetches
 - `prediction.py`   idle work: the suggestion computed before it is asked for, followed while typing
 - `idle_work.py`    when idle work starts: the pause timer, read-ahead and prefetch
 - `repository_context.py` the workspace index (decoding/repository/) kept current, and each request's share

@@ -16,8 +16,8 @@ with up to `alternatives` distinct items, the greedy one first; automatic trigge
 A request whose answer would be stale (a newer request for the document, or an edit after it was
 sent) is answered with null, the result the spec allows when there is nothing to show.
 
-Idle work's prediction is in prediction.py, the items sent and the acceptance the client reports in
-suggestions.py.
+Answers from typing along (idle work's prediction, the remembered suggestion, prefetches) are in
+typing_along.py; the items sent and the acceptance the client reports in suggestions.py.
 """
 from __future__ import annotations
 
@@ -32,14 +32,13 @@ from pygls.exceptions import JsonRpcInvalidParams
 from decoding.api import CompletionRequest, CompletionResult
 from decoding.errors import EngineNotReady
 from lsp_server.config import Settings
-from lsp_server.cursor import Cursor, cursor_line, line_break_of, mid_word, read_cursor
+from lsp_server.cursor import Cursor, cursor_line, mid_word, read_cursor
 from lsp_server.documents import DocumentStore, OpenDocument, display_path, select_context
 from lsp_server.engine_host import EngineHost
 from lsp_server.postprocess import Edit, IndentStyle, detect_indent, shape
-from lsp_server.prediction import Predicted, Predictor
 from lsp_server.repository_context import RepositoryService
 from lsp_server.suggestions import SUPERSEDED, ItemRecord, SentItems, Suggestion, SuggestionCounts, Superseded
-from lsp_server.typeahead import TypeAheadMemory
+from lsp_server.typing_along import ASK_ENGINE, TypingAlong
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +58,15 @@ class Completions:
         self.host = host
         self.settings = settings
         self.workspace_folders = workspace_folders
-        self.typeahead = TypeAheadMemory()
         self.counts = SuggestionCounts()
-        self.items = SentItems(self.counts, self.typeahead)
         self._indent_cache: dict[str, tuple[int, IndentStyle]] = {}
-        self._background: set[asyncio.Task] = set()
         self.last_stats: dict | None = None  # engine stats of the last suggestion the editor waited for
-        # Idle work's latest suggestion (lsp_server/idle_work.py says when to start it).
-        self.predictor = Predictor(
-            documents, settings,
+        # Answers before the engine is asked (lsp_server/idle_work.py says when idle work starts).
+        self.typing_along = TypingAlong(
+            documents, settings, self.counts,
             request_at=lambda doc, prefix, suffix: self.request_at(doc, prefix, suffix, settings()),
-            submit_idle=lambda request, version: self._submit(request, version, idle=True), indent=self._indent)
+            submit=self._submit, shaped=self._shaped, indent=self._indent, record_stats=self._record_stats)
+        self.items = SentItems(self.counts, self.typing_along.memory)
 
     # ---- the request path ----------------------------------------------------------------------
 
@@ -95,42 +92,14 @@ class Completions:
         if invoked and settings.alternatives > 1:
             request.alternatives = settings.alternatives - 1
         if use_memory and not request.alternatives:
-            predicted = await self.predictor.answer(cursor)
-            if predicted is SUPERSEDED:
-                return SUPERSEDED
-            if predicted is not None and predicted.text == "" and not invoked:
-                return None  # idle work's suggestion ended here (asked for by hand: the engine answers)
-            shown = self._from_prediction(cursor, predicted, settings) if predicted is not None else None
-            if shown is not None:
-                return shown
-            instant = self.typeahead.continuation(uri, cursor.prefix, cursor.suffix)
-            if instant is not None:
-                return self._from_shown(cursor, request, instant)
+            answer = await self.typing_along.answer(cursor, request, invoked)
+            if answer is not ASK_ENGINE:
+                return answer
         result = await self._engine_answer(cursor, request)
         if result is None or result is SUPERSEDED:
             return result
         self.last_stats = result.stats.to_dict()
         return self._suggestions(cursor, result, use_memory)
-
-    def _from_prediction(self, cursor: Cursor, predicted: Predicted, settings: Settings) -> Suggestion | None:
-        """The engine's own answer, for an earlier cursor the user has typed along: no need to ask it
-        again."""
-        if predicted.stats is not None:
-            self.last_stats = predicted.stats  # the engine's numbers for the text on screen
-        shown = self._shaped(cursor, predicted.text, instant=True) if predicted.text else None
-        if shown is not None:
-            self.counts.predicted += 1
-            if not cursor.line_before.strip() and not cursor.line_after and settings.idle_work:
-                self._run_in_background(self._prefetch_after_blank_line(cursor))  # a pause on an empty line
-        return shown
-
-    def _from_shown(self, cursor: Cursor, request: CompletionRequest, instant: str) -> Suggestion | None:
-        """Type-ahead's answer from the suggestion on screen; the engine is still asked, in the
-        background, and its answer becomes the remembered suggestion."""
-        job = self._submit(request, cursor.version)
-        if job is not None:
-            self._run_in_background(self._remember_when_done(job, cursor))
-        return self._shaped(cursor, instant, instant=True)
 
     async def _engine_answer(self, cursor: Cursor, request: CompletionRequest):
         """The engine's result for the request; SUPERSEDED when it is stale, None when there is none."""
@@ -144,7 +113,7 @@ class Completions:
             # The client cancelled: stop the engine now, not after max_tokens. A request that joined
             # idle work's suggestion was cancelled for a keystroke, which may run along it: that
             # edit decides (IdleWork.document_changed); without one soon, it stops all the same.
-            if self.predictor.owns(job):
+            if self.typing_along.owns(job):
                 asyncio.get_running_loop().call_later(EDIT_AFTER_CANCEL_S, self._stop_unless_edited, cursor, job)
             else:
                 job.cancel()
@@ -164,9 +133,7 @@ class Completions:
         """The greedy text's suggestion with the distinct alternatives after it."""
         suggestion = self._shaped(cursor, result.text, instant=False)
         if suggestion is not None and use_memory:
-            self.typeahead.remember(cursor.doc.uri, cursor.prefix, cursor.suffix, suggestion.text)
-            if self.settings().idle_work:
-                self._run_in_background(self._prefetch_after(cursor, suggestion))
+            self.typing_along.shown(cursor, suggestion)
         others: list[Suggestion] = []
         for text in result.alternatives:
             other = self._shaped(cursor, text, instant=False, alternative=True)
@@ -207,7 +174,7 @@ class Completions:
             context_reserve_tokens=settings.repo_context_tokens if repo else 0, repo=repo.repo if repo else "",
             lookup_texts=repo.lookup_texts if repo else (), max_tokens=engine.max_tokens,
             context_tokens=engine.context_tokens, scope=settings.scope, drafter=engine.drafter,
-            temperature=settings.temperature, draft_hint=self.typeahead.draft_hint(doc.uri, prefix),
+            temperature=settings.temperature, draft_hint=self.typing_along.draft_hint(doc.uri, prefix),
             time_limit_s=settings.max_time_ms / 1000 if settings.max_time_ms else None)
 
     def idle_request(self, doc: OpenDocument, offset: int) -> tuple[CompletionRequest, bool]:
@@ -217,9 +184,7 @@ class Completions:
         prefix, suffix = doc.text[:offset], doc.text[offset:]
         request = self.request_at(doc, prefix, suffix, self.settings())
         line_before, line_after = cursor_line(prefix, suffix)
-        generate = (not mid_word(line_before, line_after)
-                    and self.typeahead.continuation(doc.uri, prefix, suffix) is None
-                    and not self.predictor.covers(doc, offset))
+        generate = not mid_word(line_before, line_after) and not self.typing_along.answers_at(doc, prefix, suffix)
         return request, generate
 
     def _submit(self, request: CompletionRequest, version: int, idle: bool = False):
@@ -231,63 +196,8 @@ class Completions:
             log.exception("the engine refused a request for %s", request.document)
             return None
 
-    # ---- in the background ---------------------------------------------------------------------
-
-    async def _remember_when_done(self, job, cursor: Cursor) -> None:
-        """After an instant answer: the engine's own answer becomes the remembered suggestion."""
-        doc = cursor.doc
-        try:
-            result = await job
-        except Exception:
-            log.exception("background completion failed for %s", doc.uri)
-            return
-        if result.stats.stopped == "cancelled" or self._moved_on(doc, cursor.version):
-            return
-        edit = shape(result.text, cursor.line_before, cursor.line_after, cursor.indent)
-        if edit is not None:
-            self.typeahead.remember(doc.uri, cursor.prefix, cursor.suffix, edit.text)
-
-    async def _prefetch_after(self, cursor: Cursor, shown: Suggestion) -> None:
-        """Idle work after a suggestion is shown: the next one, as if it were accepted. When the user
-        takes it and the editor asks at the end of it, type-ahead answers from this at once (and the
-        engine verifies it as a draft hint in one forward). A request the user waits for cancels it."""
-        doc = cursor.doc
-        prefix = doc.text[:cursor.start] + shown.text
-        suffix = doc.text[doc.offset_at(shown.range.end, self.documents.encoding):]
-        await self._prefetch(doc, cursor.version, prefix, suffix, cursor.indent)
-
-    async def _prefetch_after_blank_line(self, cursor: Cursor) -> None:
-        """Idle work at a pause on an empty line: the suggestion after one more Enter. Idle work's
-        prediction foresaw the line after the Enter, but code often leaves a blank line there; when
-        the user types the Enter (and the editor its indentation), type-ahead answers from this at
-        once. It comes before the prediction's next link (which it cancels): that one is for after
-        the user has typed the line on screen, and starts again when they type along it."""
-        prefix = cursor.prefix[:len(cursor.prefix) - len(cursor.line_before)] + line_break_of(cursor.prefix)
-        await self._prefetch(cursor.doc, cursor.version, prefix, cursor.suffix, cursor.indent)
-
-    async def _prefetch(self, doc: OpenDocument, version: int, prefix: str, suffix: str,
-                        indent: IndentStyle) -> None:
-        """The suggestion at prefix|suffix in idle time, for type-ahead to answer from."""
-        job = self._submit(self.request_at(doc, prefix, suffix, self.settings()), version, idle=True)
-        if job is None:
-            return
-        try:
-            result = await job
-        except Exception:
-            log.debug("prefetch failed for %s", doc.uri, exc_info=True)
-            return
-        if result.stats.stopped == "cancelled":
-            return
-        line_before, line_after = cursor_line(prefix, suffix)
-        edit = shape(result.text, line_before, line_after, indent)
-        if edit is not None and edit.text:
-            self.counts.prefetched += 1
-            self.typeahead.remember(doc.uri, prefix, suffix, edit.text, prefetched=True)
-
-    def _run_in_background(self, coroutine) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._background.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(self._background.discard)
+    def _record_stats(self, stats: dict) -> None:
+        self.last_stats = stats
 
     def _moved_on(self, doc: OpenDocument, version: int) -> bool:
         return self.documents.get(doc.uri) is not doc or doc.version != version
@@ -302,7 +212,7 @@ class Completions:
     # ---- document events -----------------------------------------------------------------------
 
     def document_closed(self, uri: str) -> None:
-        self.typeahead.forget(uri)
+        self.typing_along.forget(uri)
         self._indent_cache.pop(uri, None)
 
     # ---- acceptance (suggestions.SentItems) ------------------------------------------------------

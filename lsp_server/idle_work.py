@@ -39,7 +39,7 @@ QUIET_S = 0.02
 class IdleWork:
     def __init__(self, completions, host, settings: Callable[[], Settings], quiet_s: float = QUIET_S) -> None:
         self.completions = completions  # lsp_server.completions.Completions: builds the request
-        self.predictor = completions.predictor  # lsp_server.prediction.Predictor: idle work's suggestion
+        self.predictor = completions.typing_along.predictor  # lsp_server.prediction.Predictor: idle work's suggestion
         self.host = host  # lsp_server.engine_host.EngineHost
         self.settings = settings
         self.quiet_s = quiet_s
