@@ -29,18 +29,21 @@ setup: $(STAMP)
 # `make test` then also runs tests/engine/test_gguf.py.
 LLAMACPP_PYTHON ?= llama-cpp-python==0.3.36
 NO_AMX := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
-CPU_TAG := $(shell (grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null; uname -m) | md5sum | cut -c1-10)
-LLAMACPP_WHEELS ?= $(HOME)/.cache/draftwise-wheels/$(subst ==,-,$(LLAMACPP_PYTHON))-$(CPU_TAG)
+CPU_TAG := $(shell (grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null; uname -m) | cksum | cut -d' ' -f1)
+LLAMACPP_WHEELS ?= $(HOME)/.cache/draftwise-wheels/$(subst ==,-,$(subst >,,$(subst <,,$(LLAMACPP_PYTHON))))-$(CPU_TAG)
 $(LLAMACPP_WHEELS)/.built: | $(STAMP)
-	mkdir -p $(LLAMACPP_WHEELS)
+	rm -rf "$(LLAMACPP_WHEELS)" && mkdir -p "$(LLAMACPP_WHEELS)"
 	CMAKE_ARGS='$(if $(NO_AMX),-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)")' \
 	  $(BIN)/python -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python \
-	  "$(LLAMACPP_PYTHON)" -w $(LLAMACPP_WHEELS)
-	touch $@
-LLAMACPP_FROM_WHEELS := --find-links $(LLAMACPP_WHEELS) "$(LLAMACPP_PYTHON)"
+	  "$(LLAMACPP_PYTHON)" -w "$(LLAMACPP_WHEELS)"
+	touch "$@"
+# that wheel and no other: a llama-cpp-python already in the venv (built by pip with AMX) is replaced
+LLAMACPP_WHEEL_INSTALL := $(BIN)/python -m pip install --quiet --no-index --no-deps --force-reinstall \
+	--find-links "$(LLAMACPP_WHEELS)" "$(LLAMACPP_PYTHON)"
 
 $(LLAMACPP_STAMP): $(STAMP) $(LLAMACPP_WHEELS)/.built
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,llamacpp]' $(LLAMACPP_FROM_WHEELS)
+	$(LLAMACPP_WHEEL_INSTALL)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,llamacpp]'
 	touch $(LLAMACPP_STAMP)
 
 setup-llamacpp: $(LLAMACPP_STAMP)
@@ -117,7 +120,8 @@ test-fast: setup
 # The remote backend against a real engine (llama-cpp-python's server), on the same wheel as the
 # gguf format (built once, without AMX, above), so later installs take seconds.
 $(REMOTE_STAMP): $(STAMP) $(LLAMACPP_WHEELS)/.built
-	$(BIN)/python -m pip install --quiet -e '.[test,bench,remote,remote-test]' $(LLAMACPP_FROM_WHEELS)
+	$(LLAMACPP_WHEEL_INSTALL)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench,remote,remote-test]'
 	touch $(REMOTE_STAMP)
 
 test-remote: models $(REMOTE_STAMP)

@@ -22,11 +22,10 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from decoding.api import CancelToken, RequestStats
+from decoding.api import Cancelled, CancelToken, RequestStats
 from decoding.healing import limited
 from decoding.policy import DraftPolicy
 from decoding.request import RequestPlan
-from decoding.runners import Cancelled
 from decoding.sampling import Sampler
 from decoding.speculative import speculative_decode
 

@@ -1,6 +1,6 @@
 """The engine: loads the models onto one worker thread and runs each submitted request there.
 
-What a request does is in decoding/request.py, what is loaded in decoding/loading.py;
+What a request does is in decoding/request.py, what is loaded in decoding/loading/;
 this class ties them to a thread, a per-document job registry and the stats."""
 from __future__ import annotations
 

@@ -64,7 +64,9 @@ MEASUREMENT_COMMANDS = {"bench": "bench.cli", "replay": "bench.replay.cli"}
 def measurement_module(command: str):
     try:
         return importlib.import_module(MEASUREMENT_COMMANDS[command])
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] in ("bench", "decoding", "lsp_server"):
+            raise  # our own code is broken, not an extra missing
         raise DraftwiseError(f"`draftwise {command}` needs extra packages: {exc} (pip install 'draftwise[bench]')") from exc
 
 

@@ -16,6 +16,7 @@ import os
 import platform
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -109,15 +110,22 @@ def compiler_problem() -> str | None:
     return None
 
 
+BUILT = "built"  # written last into a build's folder: a folder without it is not a build
+KEEP_BUILDS = 3  # builds kept per kernel and ISA (other code or torch versions sharing one home)
+STALE_STAGING_S = 3600  # a staging folder this old is a build whose process was killed
+
+
+class BuildError(RuntimeError):
+    pass
+
+
 @contextlib.contextmanager
-def _build_lock(where: Path):
-    """One build of a kernel at a time across processes. Inside it, a `lock` file that torch's
-    cpp_extension left is stale (a build killed midway): torch would wait on it forever."""
-    where.mkdir(parents=True, exist_ok=True)
-    with open(where / "draftwise-build.lock", "w") as handle:
+def _build_lock(lock: Path):
+    """One build of a kernel's code at a time across processes: a second one waits, then finds it built."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            (where / "lock").unlink(missing_ok=True)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
@@ -125,9 +133,10 @@ def _build_lock(where: Path):
 
 def build(name: str, source: Path, cflags: list[str], what: str) -> str | None:
     """Build (the first time) and load the extension `name` from `source` into $DRAFTWISE_HOME/extensions;
-    returns why it cannot run, or None when its ops are registered. The build folder is named by a
-    hash of the sources and flags, so changed code is built again, never loaded stale; the build runs
-    in a child process (torch's cpp_extension and ninja), and this process only loads the library."""
+    returns why it cannot run, or None when its ops are registered. A build's folder is named by a
+    hash of the sources and flags, so changed code is built again, never loaded stale. It is built in
+    a staging folder of its own by a child process (torch's cpp_extension and ninja) and renamed into
+    place when whole, so a build killed midway leaves nothing another start could load or wait on."""
     import torch
 
     from decoding.models import paths
@@ -135,18 +144,22 @@ def build(name: str, source: Path, cflags: list[str], what: str) -> str | None:
     if problem := compiler_problem():
         return problem
     flags = ["-O3", "-fopenmp", *cflags]
-    where = paths.draftwise_home() / "extensions" / f"{name}-{isa()}-torch{torch.__version__}-{_code_hash(source, flags)}"
-    library = where / f"{name}.so"
+    root = paths.draftwise_home() / "extensions"
+    where = root / f"{name}-{isa()}-torch{torch.__version__}-{_code_hash(source, flags)}"
     try:
-        with _build_lock(where):
-            if not library.exists():
-                log.info("building the %s kernel into %s (once per machine, torch version and code)", what, where)
-                _build_in_child(name, source, flags, where)
-                _evict_other_builds(where)
-        torch.ops.load_library(str(library))
-    except Exception as exc:  # noqa: BLE001 - a failed build costs this kernel, not the load
-        log.warning("%s kernel not built (%s: %s): torch's own ops run instead", what, type(exc).__name__, exc)
-        return f"build failed: {type(exc).__name__}"
+        if not (where / BUILT).exists():
+            log.info("building the %s kernel into %s (once per machine, torch version and code)", what, where)
+            _build_into(where, name, source, flags)
+        torch.ops.load_library(str(where / f"{name}.so"))
+    except BuildError as exc:
+        log.warning("%s kernel not built (%s): torch's own ops run instead", what, exc)
+        return f"build failed: {exc}".splitlines()[0]
+    except Exception as exc:  # noqa: BLE001 - a library that does not load is built again at the next start
+        shutil.rmtree(where, ignore_errors=True)
+        log.warning("%s kernel not loaded (%s: %s): torch's own ops run instead", what, type(exc).__name__, exc)
+        return f"load failed: {type(exc).__name__}"
+    with contextlib.suppress(OSError):
+        os.utime(where)  # used: eviction keeps the builds used last
     return None
 
 
@@ -161,29 +174,63 @@ BUILD_IN_CHILD = """import sys
 from torch.utils import cpp_extension
 name, source, where, *flags = sys.argv[1:]
 cpp_extension.load(name, [source], extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=where,
-                   is_python_module=False, verbose=False)
+                   is_python_module=False, verbose=True)
 """
 
 
-def _build_in_child(name: str, source: Path, flags: list[str], where: Path) -> None:
+def _build_into(where: Path, name: str, source: Path, flags: list[str]) -> None:
+    root = where.parent
+    with _build_lock(root / f".{where.name}.lock"):
+        if (where / BUILT).exists():  # another process built it while this one waited
+            return
+        staging = Path(tempfile.mkdtemp(prefix=f".{where.name}.", dir=root))
+        try:
+            _build_in_child(name, source, flags, staging, root / f"{where.name}.build.log")
+            (staging / BUILT).write_text("")
+            shutil.rmtree(where, ignore_errors=True)  # a folder without BUILT (an older layout)
+            os.rename(staging, where)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    _evict_other_builds(where)
+
+
+def _build_in_child(name: str, source: Path, flags: list[str], staging: Path, log_file: Path) -> None:
     """torch's cpp_extension runs `ninja` from PATH: the child's PATH starts with this environment's
-    scripts folder, where pip put ninja, without touching this process's."""
+    scripts folder, where pip put ninja, without touching this process's. Its output goes to
+    `log_file`; it and its compilers are stopped together if it outlives the timeout."""
+    import signal
     import subprocess
 
     env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    done = subprocess.run([sys.executable, "-c", BUILD_IN_CHILD, name, str(source), str(where), *flags], env=env,
-                          capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        lines = [ln for ln in (done.stderr or done.stdout).splitlines() if ln.strip()]
-        raise RuntimeError(lines[-1] if lines else f"exit status {done.returncode}")
+    with open(log_file, "w") as out:
+        child = subprocess.Popen([sys.executable, "-c", BUILD_IN_CHILD, name, str(source), str(staging), *flags],
+                                 env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = child.wait(timeout=1800)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
+    if code != 0:
+        lines = log_file.read_text(errors="replace").splitlines()
+        first_error = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else f"exit status {code}")
+        raise BuildError(f"{first_error.strip()} (the whole log: {log_file})")
+    log_file.unlink(missing_ok=True)
 
 
 def _evict_other_builds(where: Path) -> None:
-    """Builds of other code or another torch, for the same kernel and ISA, are never loaded again."""
-    prefix = where.name.split("-torch")[0] + "-torch"
-    for other in where.parent.glob(prefix + "*"):
-        if other != where and other.is_dir():
-            shutil.rmtree(other, ignore_errors=True)
+    """Keep the KEEP_BUILDS builds of this kernel and ISA used last (other code or torch versions
+    sharing the home); remove staging folders of builds killed long ago, and the builds of the
+    kernel's former name."""
+    import time
+
+    kernel = where.name.split("-torch")[0] + "-torch"
+    builds = sorted((d for d in where.parent.glob(kernel + "*") if d.is_dir() and d != where),
+                    key=lambda d: d.stat().st_mtime, reverse=True)
+    stale = [d for d in where.parent.glob(".*") if d.is_dir() and time.time() - d.stat().st_mtime > STALE_STAGING_S]
+    for old in builds[KEEP_BUILDS - 1:] + stale + list(where.parent.glob("draftwise_q4_kernel-*")):
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def runnable() -> list[str]:

@@ -150,7 +150,10 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
     source, extra = model_source(spec)
     try:
         # the tokenizer (~0.3 s parsing its JSON) is read while a kept quantized model maps: a start
-        # that finds both needs nothing of transformers
+        # that finds both needs nothing of transformers. Where transformers builds the tokenizer, its
+        # lazy module is resolved here first, not in both threads at once.
+        if not _tokenizer_kept(source, extra, trust_remote_code):
+            from transformers import AutoTokenizer  # noqa: F401
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             reading = pool.submit(_tokenizer, source, extra, trust_remote_code)
             kept = (_kept_static_decoder(source, weights, trust_remote_code)
@@ -158,14 +161,7 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
             tokenizer = reading.result()
         if kept is not None:
             return LoadedModel(kept, tokenizer, spec, dev, formats.compute_dtype(weights), _display_name(spec), weights)
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, trust_remote_code=trust_remote_code,
-            use_safetensors=None if "gguf_file" in extra else True, **extra,
-        )
+        model = _checkpoint(source, extra, torch_dtype, trust_remote_code)
     except Exception as exc:  # corrupted files surface as many types (SafetensorError, OSError, ...)
         raise _load_error(spec_text, exc, trust_remote_code) from exc
     model.to(dev).eval()
@@ -175,6 +171,16 @@ def load_model(spec_text: str, device: str = "auto", dtype: str = "auto", trust_
     name = _display_name(spec)
     fmt = weights or {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[torch_dtype]
     return LoadedModel(model, tokenizer, spec, dev, torch_dtype, name, fmt)
+
+
+def _checkpoint(source: str, extra: dict, torch_dtype, trust_remote_code: bool):
+    """transformers' model from the checkpoint (safetensors only, or the GGUF file it converts)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(source, dtype=torch_dtype, trust_remote_code=trust_remote_code,
+                                                use_safetensors=None if "gguf_file" in extra else True, **extra)
 
 
 def _load_error(spec_text: str, exc: Exception, trust_remote_code: bool) -> ModelLoadError:
@@ -280,6 +286,13 @@ def _plain_config(source: str, trust_remote_code: bool):
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+
+
+def _tokenizer_kept(source: str, extra: dict, trust_remote_code: bool) -> bool:
+    from decoding.models.tokenizer import kept_path
+
+    where = kept_path(source) if "gguf_file" not in extra and not trust_remote_code else None
+    return where is not None and where.is_file()
 
 
 def _tokenizer(source: str, extra: dict, trust_remote_code: bool):

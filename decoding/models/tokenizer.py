@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 # transformers' tokenizer classes whose encode, decode and call run their Rust pipeline and nothing else
 PLAIN_CLASSES = frozenset({"Qwen2Tokenizer", "Qwen2TokenizerFast", "PreTrainedTokenizerFast", "TokenizersBackend"})
 # the files a tokenizer class reads (config.json: AutoTokenizer may pick the class from model_type)
-SOURCES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json")
+SOURCES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "config.json")
 
 
 def kept_path(directory: str | Path) -> Path | None:
@@ -46,6 +46,9 @@ class FileTokenizer:
     """The part of transformers' fast-tokenizer interface the engine uses, on the kept pipeline."""
 
     def __init__(self, backend, eos_token: str | None):
+        # transformers turns a pipeline's own truncation and padding off on every call: so here, once
+        backend.no_truncation()
+        backend.no_padding()
         self.backend_tokenizer = backend  # tokenizers.Tokenizer, as transformers names it
         self.eos_token = eos_token
         self._vocab = backend.get_vocab(with_added_tokens=True)
@@ -61,7 +64,9 @@ class FileTokenizer:
             from tokenizers import Tokenizer
 
             kept = json.loads(where.read_text(encoding="utf-8"))
-            return cls(Tokenizer.from_str(kept["pipeline"]), kept["eos_token"])
+            backend = Tokenizer.from_str(kept["pipeline"])
+            backend.encode_special_tokens = kept["encode_special_tokens"]  # not in the pipeline's JSON
+            return cls(backend, kept["eos_token"])
         except Exception as exc:  # noqa: BLE001 - unreadable: transformers builds it again
             log.warning("kept tokenizer %s unreadable (%s): building it again", where.name, exc)
             return None
@@ -75,6 +80,7 @@ class FileTokenizer:
             return
         try:
             paths.atomic_write(where, json.dumps({"class": type(built).__name__, "eos_token": built.eos_token,
+                                                  "encode_special_tokens": backend.encode_special_tokens,
                                                   "pipeline": backend.to_str()}))
         except OSError as exc:  # a read-only home costs later starts transformers' build
             log.warning("could not keep the tokenizer in %s: %s", where, exc)
@@ -83,7 +89,8 @@ class FileTokenizer:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
     def get_vocab(self) -> dict[str, int]:
-        """Read once: transformers rebuilds it on every call (0.1 s for Qwen's 151k tokens)."""
+        """Read once: transformers rebuilds it on every call (0.1 s for Qwen's 151k tokens). Shared:
+        callers read it, never change it."""
         return self._vocab
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

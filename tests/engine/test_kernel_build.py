@@ -1,7 +1,7 @@
 """How a kernel is built and loaded (decoding/kernels/build.py), on a tiny extension of its own: built
 in a child process into a folder named by its code, loaded from there, built again when its code
-changes (older builds evicted), never blocked by a lock file a killed build left, and this process's
-PATH left alone."""
+changes (the oldest builds evicted), never blocked or fooled by what a killed build left, and this
+process's PATH left alone."""
 from __future__ import annotations
 
 import os
@@ -29,12 +29,18 @@ def test_a_kernel_builds_once_per_code_and_loads_without_touching_path(tmp_path,
     path = os.environ.get("PATH")
     extensions = tmp_path / "home" / "extensions"
     prefix = f"draftwise_build_test-{kernel_build.isa()}-torch"
-    (extensions / f"{prefix}{torch.__version__}-stale").mkdir(parents=True)  # an older build, evicted
+    olds = [f"{prefix}{torch.__version__}-old{age}" for age in range(3)]  # builds of other code, newest first
+    for age, old in enumerate(olds):
+        (extensions / old).mkdir(parents=True)
+        os.utime(extensions / old, (1000 - age, 1000 - age))
 
     assert kernel_build.build("draftwise_build_test", source, [], "test") is None
     assert torch.equal(torch.ops.draftwise_build_test.plus_one(torch.zeros(2)), torch.ones(2))
-    first = [d.name for d in extensions.iterdir()]
-    assert len(first) == 1 and first[0].startswith(prefix) and os.environ.get("PATH") == path
+    built = [d.name for d in extensions.iterdir() if d.is_dir() and d.name not in olds]
+    # the three used last are kept: this one and the two newest others
+    assert sorted(d.name for d in extensions.iterdir() if d.is_dir()) == sorted(built + olds[:2])
+    assert len(built) == 1 and os.environ.get("PATH") == path
+    first = built
 
     # the same code again: loaded from its folder, not built
     monkeypatch.setattr(kernel_build, "_build_in_child", lambda *a: pytest.fail("built again"))
@@ -42,20 +48,25 @@ def test_a_kernel_builds_once_per_code_and_loads_without_touching_path(tmp_path,
     monkeypatch.undo()
     monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path / "home"))
 
-    # changed code: a new folder, the old one evicted. A build killed midway left torch's `lock` file
-    # in that folder; torch would wait on it forever, so the build removes it first.
+    # changed code: a new folder. A build killed midway left a folder there without its `built` mark
+    # (and torch's `lock` file, which would make torch wait forever): it is built again, not loaded.
     source.write_text(SOURCE.format(op="plus_two", add=2))
     killed = extensions / f"{prefix}{torch.__version__}-{kernel_build._code_hash(source, ['-O3', '-fopenmp'])}"
     killed.mkdir()
     (killed / "lock").write_text("")
+    (killed / "draftwise_build_test.so").write_text("half a library")
     assert kernel_build.build("draftwise_build_test", source, [], "test") is None
     assert torch.equal(torch.ops.draftwise_build_test.plus_two(torch.zeros(2)), torch.full((2,), 2.0))
-    second = [d.name for d in extensions.iterdir()]
-    assert len(second) == 1 and second[0] != first[0] and os.environ.get("PATH") == path
+    second = sorted(d.name for d in extensions.iterdir() if d.is_dir())
+    assert second == sorted([first[0], killed.name, olds[0]]), second
+    assert os.environ.get("PATH") == path
 
 
 def test_a_failed_build_says_why_and_the_load_goes_on(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path / "home"))
     source = tmp_path / "broken.cpp"
     source.write_text("this is not C++\n")
-    assert kernel_build.build("draftwise_build_broken", source, [], "test") == "build failed: RuntimeError"
+    why = kernel_build.build("draftwise_build_broken", source, [], "test")
+    assert why.startswith("build failed: ") and "error" in why and "broken.cpp" in why, why
+    log = next((tmp_path / "home" / "extensions").glob("*.build.log"))
+    assert "this is not C++" in log.read_text() or "error" in log.read_text()

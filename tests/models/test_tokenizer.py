@@ -108,5 +108,29 @@ def test_a_second_start_loads_nothing_of_transformers(tiny_model_dir, tmp_path):
     (tmp_path / "extensions").symlink_to(paths.draftwise_home() / "extensions")
     env = {**__import__("os").environ, "DRAFTWISE_HOME": str(tmp_path)}
     runs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                           check=True).stdout.split() for _ in range(2)]
+                           check=True, timeout=600).stdout.split() for _ in range(2)]
     assert runs == [["Qwen2Tokenizer", "True"], ["FileTokenizer", "False"]], runs
+
+
+def test_a_pipeline_that_truncates_or_pads_is_read_back_as_transformers_calls_it(tiny_model_dir, tmp_path, monkeypatch):
+    """A tokenizer.json may carry truncation and padding; transformers turns both off on every call,
+    and so must the kept tokenizer (a prompt cut to 8 tokens, or texts padded, would pass unnoticed)."""
+    import json
+
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path / "home"))
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("tokenizer_config.json", "config.json"):
+        (model / name).write_bytes((Path(tiny_model_dir) / name).read_bytes())
+    pipeline = json.loads((Path(tiny_model_dir) / "tokenizer.json").read_text())
+    pipeline["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}
+    pipeline["padding"] = {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+                           "pad_id": 0, "pad_type_id": 0, "pad_token": "<|endoftext|>"}
+    (model / "tokenizer.json").write_text(json.dumps(pipeline))
+    first, kept = _tokenizer(str(model), {}, False), _tokenizer(str(model), {}, False)
+    assert isinstance(kept, FileTokenizer) and not isinstance(first, FileTokenizer)
+    text = TEXTS[12]
+    assert len(first.encode(text, add_special_tokens=False)) > 8
+    assert kept.encode(text, add_special_tokens=False) == first.encode(text, add_special_tokens=False)
+    texts = ["a", text]
+    assert kept(texts, add_special_tokens=False)["input_ids"] == first(texts, add_special_tokens=False)["input_ids"]
