@@ -30,9 +30,11 @@ setup: $(STAMP)
 LLAMACPP_PYTHON ?= llama-cpp-python==0.3.36
 NO_AMX := $(if $(filter x86_64,$(shell uname -m)),-mno-amx-tile -mno-amx-int8 -mno-amx-bf16)
 CPU_TAG := $(shell (grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null; uname -m) | cksum | cut -d' ' -f1)
-LLAMACPP_WHEELS ?= $(HOME)/.cache/draftwise-wheels/$(subst ==,-,$(subst >,,$(subst <,,$(LLAMACPP_PYTHON))))-$(CPU_TAG)
+# the venv's Python is this one
+PY_TAG := $(shell $(PYTHON) -c 'import sys; print(sys.implementation.cache_tag)' 2>/dev/null)
+LLAMACPP_WHEELS ?= $(HOME)/.cache/draftwise-wheels/$(subst ==,-,$(subst >,,$(subst <,,$(LLAMACPP_PYTHON))))-$(PY_TAG)-$(CPU_TAG)
 $(LLAMACPP_WHEELS)/.built: | $(STAMP)
-	rm -rf "$(LLAMACPP_WHEELS)" && mkdir -p "$(LLAMACPP_WHEELS)"
+	mkdir -p "$(LLAMACPP_WHEELS)" && rm -f "$(LLAMACPP_WHEELS)"/*.whl
 	CMAKE_ARGS='$(if $(NO_AMX),-DCMAKE_C_FLAGS="$(NO_AMX)" -DCMAKE_CXX_FLAGS="$(NO_AMX)")' \
 	  $(BIN)/python -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python \
 	  "$(LLAMACPP_PYTHON)" -w "$(LLAMACPP_WHEELS)"

@@ -150,16 +150,18 @@ def build(name: str, source: Path, cflags: list[str], what: str) -> str | None:
         if not (where / BUILT).exists():
             log.info("building the %s kernel into %s (once per machine, torch version and code)", what, where)
             _build_into(where, name, source, flags)
-        torch.ops.load_library(str(where / f"{name}.so"))
-    except BuildError as exc:
+    except (BuildError, OSError) as exc:  # OSError: a home it cannot write, say
         log.warning("%s kernel not built (%s): torch's own ops run instead", what, exc)
         return f"build failed: {exc}".splitlines()[0]
-    except Exception as exc:  # noqa: BLE001 - a library that does not load is built again at the next start
-        shutil.rmtree(where, ignore_errors=True)
-        log.warning("%s kernel not loaded (%s: %s): torch's own ops run instead", what, type(exc).__name__, exc)
-        return f"load failed: {type(exc).__name__}"
     with contextlib.suppress(OSError):
         os.utime(where)  # used: eviction keeps the builds used last
+    try:
+        torch.ops.load_library(str(where / f"{name}.so"))
+    except Exception as exc:  # noqa: BLE001 - a library that does not load is built again at the next start
+        with _build_lock(root / f".{where.name}.lock"), contextlib.suppress(OSError):
+            (where / BUILT).unlink()
+        log.warning("%s kernel not loaded (%s: %s): torch's own ops run instead", what, type(exc).__name__, exc)
+        return f"load failed: {type(exc).__name__}"
     return None
 
 
@@ -187,11 +189,13 @@ def _build_into(where: Path, name: str, source: Path, flags: list[str]) -> None:
         try:
             _build_in_child(name, source, flags, staging, root / f"{where.name}.build.log")
             (staging / BUILT).write_text("")
-            shutil.rmtree(where, ignore_errors=True)  # a folder without BUILT (an older layout)
+            os.chmod(staging, 0o755)  # readable by every user of the home, as a folder made by mkdir is
+            shutil.rmtree(where, ignore_errors=True)  # a folder without BUILT: a failed load or an older layout
             os.rename(staging, where)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    _evict_other_builds(where)
+    with contextlib.suppress(OSError):  # best effort: another process may be evicting too
+        _evict_other_builds(where)
 
 
 def _build_in_child(name: str, source: Path, flags: list[str], staging: Path, log_file: Path) -> None:
@@ -207,14 +211,17 @@ def _build_in_child(name: str, source: Path, flags: list[str], staging: Path, lo
                                  env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = child.wait(timeout=1800)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.killpg(child.pid, signal.SIGKILL)
             child.wait()
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise BuildError(f"stopped after {exc.timeout:.0f} s (the log: {log_file})") from exc
             raise
     if code != 0:
         lines = log_file.read_text(errors="replace").splitlines()
-        first_error = next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else f"exit status {code}")
+        first_error = next((ln for ln in lines if "error:" in ln), None) or \
+            next((ln for ln in lines if "error" in ln.lower()), lines[-1] if lines else f"exit status {code}")
         raise BuildError(f"{first_error.strip()} (the whole log: {log_file})")
     log_file.unlink(missing_ok=True)
 
@@ -226,10 +233,16 @@ def _evict_other_builds(where: Path) -> None:
     import time
 
     kernel = where.name.split("-torch")[0] + "-torch"
-    builds = sorted((d for d in where.parent.glob(kernel + "*") if d.is_dir() and d != where),
-                    key=lambda d: d.stat().st_mtime, reverse=True)
-    stale = [d for d in where.parent.glob(".*") if d.is_dir() and time.time() - d.stat().st_mtime > STALE_STAGING_S]
-    for old in builds[KEEP_BUILDS - 1:] + stale + list(where.parent.glob("draftwise_q4_kernel-*")):
+    def used(folder: Path) -> float:
+        with contextlib.suppress(OSError):
+            return folder.stat().st_mtime
+        return 0.0  # gone meanwhile
+
+    builds = sorted((d for d in where.parent.glob(kernel + "*") if d.is_dir() and d != where), key=used, reverse=True)
+    # a build used in the last hour may be loading in another process right now
+    builds = [d for d in builds[KEEP_BUILDS - 1:] if time.time() - used(d) > STALE_STAGING_S]
+    stale = [d for d in where.parent.glob(".*") if d.is_dir() and time.time() - used(d) > STALE_STAGING_S]
+    for old in builds + stale + list(where.parent.glob("draftwise_q4_kernel-*")):
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -95,7 +95,7 @@ def _instrument() -> None:
                 "requestFutures": len(futures),
                 "pendingRequestFutures": sum(not f.done() for f in list(futures.values())),
                 "serverTasks": len(ls._tasks),
-                "backgroundTasks": len(ls.completions._background),
+                "backgroundTasks": len(ls.completions.typing_along._background),
                 "engineJobs": len(engine.jobs) if engine is not None else 0,
                 "engineQueue": engine._worker._queue.qsize() if engine is not None else 0,
                 "gcObjects": len(gc.get_objects()),
