@@ -90,7 +90,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--character", type=int, required=True, help="0-based column in characters (as in LSP)")
     c.add_argument("--scope", default="auto", choices=SCOPES, help="how much to complete (default: decided from the cursor)")
     c.add_argument("--temperature", type=float, default=0.0)
-    c.add_argument("--json", action="store_true", help='print {"text": ..., "stats": {...}} and nothing else')
+    c.add_argument("--json", action="store_true", help='print {"text": the engine\'s text, "suggestion": {"text", "replace"} as an editor '
+                   'inserts it (null: nothing to show), "stats": {...}} and nothing else')
 
     b = sub.add_parser("bench", help="benchmark speculative modes against plain decoding and the HF built-ins")
     add_model_flags(b, many_weights=True)
@@ -130,6 +131,17 @@ def position_to_offset(text: str, line: int, character: int, path: str) -> int:
     return doc.offset_at(types.Position(line=line, character=character), UTF32)
 
 
+def editor_edit(text: str, offset: int, completion: str):
+    """The edit an editor gets for the engine's text at `offset`, shaped as the server shapes it (one
+    line before text right of the cursor, the file's indentation, auto-closed brackets covered):
+    `draftwise complete` prints what the editor would insert."""
+    from lsp_server.cursor import cursor_line
+    from lsp_server.postprocess import detect_indent, shape
+
+    line_before, line_after = cursor_line(text[:offset], text[offset:])
+    return shape(completion, line_before, line_after, detect_indent(text))
+
+
 def cmd_complete(args) -> int:
     from decoding.api import CompletionRequest
     from decoding.engine import Engine
@@ -152,11 +164,13 @@ def cmd_complete(args) -> int:
         weights = engine.info()["weights"]
     finally:
         engine.close()
+    edit = editor_edit(text, offset, result.text)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        suggestion = None if edit is None else {"text": edit.text, "replace": edit.replace}
+        print(json.dumps({**result.to_dict(), "suggestion": suggestion}))
     else:
         s = result.stats
-        print(result.text)
+        print("" if edit is None else edit.text)
         print(f"[{s.generated_tokens} tokens in {s.target_forwards} target forwards "
               f"({s.tokens_per_forward:.2f}/forward), drafter {s.drafter}, accepted {s.accepted_tokens}/{s.drafted_tokens} "
               f"drafted, prefill {s.prefill_ms:.0f} ms, decode {s.decode_ms:.0f} ms, stopped: {s.stopped}; "

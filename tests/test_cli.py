@@ -93,6 +93,9 @@ def test_complete_on_a_stdlib_file_with_the_real_model(real_model, tmp_path):
     # The missing line expands tabs; the model writes it as expandtabs() or as replace('\t', ...).
     assert p["text"].startswith("text = text.") and ("tab" in p["text"] or "\\t" in p["text"]), p["text"]
     assert l["text"] == p["text"]
+    # What an editor inserts: at a line's end, the text without trailing blanks (the file indents with
+    # spaces, as the model does).
+    assert p["suggestion"] == {"text": p["text"].rstrip(), "replace": 0}
     assert p["stats"]["target_forwards"] == p["stats"]["generated_tokens"]
     if l["stats"]["drafter"] == "lookup":
         assert l["stats"]["target_forwards"] < l["stats"]["generated_tokens"]

@@ -104,6 +104,26 @@ process.on('exit', () => {
 });
 
 /** A fresh directory, removed when the test process exits (kept with DRAFTWISE_KEEP_TEMP=1). */
+/**
+ * What `draftwise complete` gives for `text` at `position` (line and character, as LSP counts them) in
+ * a file called `name`, with the server's settings as command-line flags (`args`): its JSON, whose
+ * `suggestion` ({text, replace}, or null) is the edit an editor would insert. The editor tests hold
+ * what the user accepted against it: the same engine, prompt and shaping, with no editor in between.
+ */
+export function draftwiseComplete(name, text, position, args) {
+  const file = path.join(makeTempDir('complete'), name);
+  fs.writeFileSync(file, text);
+  const out = execFileSync(python, ['-m', 'lsp_server.cli', 'complete', file, '--line', String(position.line),
+    '--character', String(position.character), '--json', ...args],
+  { cwd: repoRoot, env: serverEnv(), encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], timeout: 300_000 });
+  return JSON.parse(out);
+}
+
+/** `text` with `suggestion` ({text, replace} from draftwiseComplete) inserted at character `offset`. */
+export function withSuggestion(text, offset, suggestion) {
+  return text.slice(0, offset) + suggestion.text + text.slice(offset + suggestion.replace);
+}
+
 export function makeTempDir(prefix) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `draftwise-${prefix}-`));
   tempDirs.push(dir);

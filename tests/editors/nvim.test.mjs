@@ -1,14 +1,23 @@
 // Neovim 0.11 with the draftwise plugin against the real server: headless (driven over Neovim's
-// RPC) and in a terminal (tmux, real keys, the screen read back).
+// RPC) and in a terminal (tmux, real keys, the screen read back). The tiny model writes random text:
+// its tests assert the mechanics (what is drawn and accepted is the server's item). The 0.5B's
+// suggestion is also held against `draftwise complete` at the same cursor.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { pathToFileURL } from 'node:url';
-import { askedAt, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, realModelPresent, replyItems, tail, waitFor } from './lib.mjs';
+import {
+  askedAt, draftwiseComplete, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, realModelPresent, replyItems, tail, waitFor,
+  withSuggestion,
+} from './lib.mjs';
 import { applySuggestion, displayed, HeadlessNvim, TmuxNvim } from './nvim-harness.mjs';
 
 const SOURCE = 'def fibonacci(n):\n    if n < 2:\n        return n\n    return ';
+// Where the 0.5B's suggestion is checked against `draftwise complete`: JavaScript, a language no other
+// open buffer has, so the server's prompt holds no other file (as `complete`'s holds none). It ends in
+// a line break, so Neovim keeps 'eol' and sends the text as written.
+const REAL_JS = 'function factorial(n) {\n  if (n <= 1) {\n    return 1;\n  }\n  return \n';
 
 // "draftwise: 123 ms, 45.6 tok/s, 62% accepted": the last suggestion's latency, speed and acceptance.
 const TIMING_STATUS = /^draftwise: (\d+) ms, ([\d.]+) tok\/s, \d+% accepted$/;
@@ -612,7 +621,8 @@ describe('Neovim with Qwen2.5-Coder 0.5B', { timeout: 900_000 }, () => {
   before(async () => {
     if (skip) return;
     file = writeSource('nvim-real');
-    nvim = await HeadlessNvim.start({ file, settings: settingsFor(model), logDir: ensureArtifactsDir(), name: 'nvim-real',
+    // No time cap: the suggestion is compared with `draftwise complete`'s, which has none.
+    nvim = await HeadlessNvim.start({ file, settings: { ...settingsFor(model), maxTimeMs: 0 }, logDir: ensureArtifactsDir(), name: 'nvim-real',
       env: { DRAFTWISE_TEST_AUTOCLOSE: '1' } });
   });
 
@@ -620,20 +630,30 @@ describe('Neovim with Qwen2.5-Coder 0.5B', { timeout: 900_000 }, () => {
     await nvim?.stop();
   });
 
-  test('a real suggestion appears and Tab accepts it', { skip, timeout: model.loadTimeoutMs + model.replyTimeoutMs }, async () => {
+  test('a real suggestion appears, Tab accepts it, and it is `draftwise complete`\'s at that cursor', { skip, timeout: model.loadTimeoutMs + model.replyTimeoutMs * 2 }, async () => {
     await nvim.waitReady(model.loadTimeoutMs);
-    await openFresh(nvim, file, 'real.py');
+    await nvim.openFresh(path.join(path.dirname(file), 'real.js'), REAL_JS);
     nvim.send('GA');
     const suggestion = await waitFor('a suggestion from the 0.5B model', () => nvim.probe('suggestion'),
       { timeoutMs: model.replyTimeoutMs, intervalMs: 500 });
     assert.ok(suggestion.ghost.trim().length > 0);
-    const expected = applySuggestion(nvim.probe('lines'), suggestion);
+    const lines = nvim.probe('lines');
+    const expected = applySuggestion(lines, suggestion);
     nvim.send('<Tab>');
     await waitFor('the accepted suggestion', () => JSON.stringify(nvim.probe('lines')) === JSON.stringify(expected),
       { timeoutMs: 5000 }).catch(() => assert.deepEqual(nvim.probe('lines'), expected));
-    fs.writeFileSync(path.join(ensureArtifactsDir(), 'nvim-real-accepted.py'), `${expected.join('\n')}\n`);
+    fs.writeFileSync(path.join(ensureArtifactsDir(), 'nvim-real-accepted.js'), `${expected.join('\n')}\n`);
+    // What the user got is what the engine writes at that cursor with the same settings, shaped as
+    // the server shapes it: the same text, whatever the model's answer is.
+    const text = `${lines.join('\n')}\n`;
+    const cursor = { line: lines.length - 1, character: lines.at(-1).length };
+    const cli = draftwiseComplete('real.js', text, cursor, ['--target', model.target(), '--max-tokens', String(model.maxTokens)]);
+    assert.ok(cli.suggestion, `draftwise complete has nothing to show here: ${JSON.stringify(cli)}`);
+    assert.equal(`${expected.join('\n')}\n`, withSuggestion(text, text.length - 1, cli.suggestion),
+      `accepted in Neovim vs draftwise complete (engine text ${JSON.stringify(cli.text)})`);
   });
 
+  // The model may write any call here: this test asserts the mechanics (one closing bracket), not the text.
   test('with auto-closing brackets on, a real suggestion inside print() leaves one closing bracket', { skip, timeout: model.loadTimeoutMs + model.replyTimeoutMs }, async () => {
     await nvim.waitReady(model.loadTimeoutMs);
     await openFresh(nvim, file, 'real-brackets.py');

@@ -1,17 +1,23 @@
 // VS Code 1.139 (code-server) with the packaged extension, driven by headless Chromium: the status
 // bar, ghost text from the real server, Tab to accept, the saved document, the accept command.
+// The tiny model writes random text: its tests assert the mechanics (what is drawn and accepted is
+// the server's item). The 0.5B's suggestion is also held against `draftwise complete` at the same cursor.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { pathToFileURL } from 'node:url';
 import {
-  askedAt, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, readTap, realModelPresent, replyItems, tail, waitFor,
+  askedAt, draftwiseComplete, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, readTap, realModelPresent, replyItems,
+  tail, waitFor, withSuggestion,
 } from './lib.mjs';
 import { CodeServer, displayed } from './vscode-harness.mjs';
 
 const SOURCE = 'def fibonacci(n):\n    if n < 2:\n        return n\n    return ';
 const REAL_SOURCE = 'def factorial(n):\n    if n <= 1:\n        return 1\n    return ';
+// The file the 0.5B's suggestion is checked against `draftwise complete` in: JavaScript, a language no
+// other open document has, so the server's prompt holds no other file (as `complete`'s holds none).
+const REAL_JS = 'function factorial(n) {\n  if (n <= 1) {\n    return 1;\n  }\n  return ';
 // "Draftwise 123 ms · 45.6 tok/s": the last suggestion's latency and speed.
 const TIMING_STATUS = /^Draftwise \d+ ms · [\d.]+ tok\/s$/;
 
@@ -134,7 +140,7 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
     workspace = makeTempDir('vscode-workspace');
     fs.writeFileSync(path.join(workspace, 'fib.py'), SOURCE);
     // Each test opens a file of its own: none depends on what an earlier one left in a buffer.
-    fs.writeFileSync(path.join(workspace, 'factorial.py'), REAL_SOURCE);
+    fs.writeFileSync(path.join(workspace, 'factorial.js'), REAL_JS);
     fs.writeFileSync(path.join(workspace, 'brackets.py'), REAL_SOURCE);
     for (const name of ['words.py', 'multi.py', 'alts.py', 'toggle.py', 'timing.py']) {
       fs.writeFileSync(path.join(workspace, name), SOURCE);
@@ -143,8 +149,9 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
       workspace,
       logDir: ensureArtifactsDir(),
       name: 'vscode',
-      // Long enough for multi-line suggestions (the tiny model writes them in milliseconds).
-      draftwise: { target: model.target(), maxTokens: 48, device: 'cpu' },
+      // Long enough for multi-line suggestions (the tiny model writes them in milliseconds). No time
+      // cap: the 0.5B's suggestion is compared with `draftwise complete`'s, which has none.
+      draftwise: { target: model.target(), maxTokens: 48, device: 'cpu', maxTimeMs: 0 },
     });
   });
 
@@ -445,7 +452,7 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
     });
   }
 
-  test('changing the target setting reloads the server with Qwen2.5-Coder 0.5B, whose suggestion Tab accepts', {
+  test('changing the target setting reloads the server with Qwen2.5-Coder 0.5B; Tab accepts its suggestion, which is `draftwise complete`\'s', {
     skip: !realModelPresent() && 'the qwen2.5-coder-0.5b preset is not pulled (draftwise models pull qwen2.5-coder-0.5b)',
     timeout: MODELS.real.loadTimeoutMs + MODELS.real.replyTimeoutMs * 2,
   }, async () => {
@@ -459,11 +466,21 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
       readTap(vscode.tapLog).slice(sentBefore).some(({ message }) => message.method === 'workspace/didChangeConfiguration'
         && message.params.settings.draftwise.target === real.target()), { timeoutMs: 20_000 });
     await waitForRealModel();
-    const { expected } = await typeAndAccept(vscode, path.join(workspace, 'factorial.py'), REAL_SOURCE, 'n',
+    const typed = 'n';
+    const { expected } = await typeAndAccept(vscode, path.join(workspace, 'factorial.js'), REAL_JS, typed,
       { replyTimeoutMs: real.replyTimeoutMs, screenshotName: 'vscode-real' });
-    assert.ok(expected.length > REAL_SOURCE.length + 1);
+    // What the user got is what the engine writes at that cursor with the same settings, shaped as
+    // the server shapes it: the same text, whatever the model's answer is.
+    const before = REAL_JS + typed;
+    const cursor = endOf(before);
+    const cli = draftwiseComplete('factorial.js', before, cursor, ['--target', real.target(), '--max-tokens', String(real.maxTokens)]);
+    assert.ok(cli.suggestion, `draftwise complete has nothing to show here: ${JSON.stringify(cli)}`);
+    assert.equal(expected, withSuggestion(before, offsetOf(before, cursor), cli.suggestion),
+      `accepted in VS Code vs draftwise complete (engine text ${JSON.stringify(cli.text)})`);
   });
 
+  // The model may write any call here: this test asserts the mechanics (the accepted item is the
+  // server's, one closing bracket), not the text.
   test('with auto-closing brackets on, the 0.5B model\'s suggestion inside print() leaves one closing bracket', {
     skip: !realModelPresent() && 'the qwen2.5-coder-0.5b preset is not pulled',
     timeout: MODELS.real.loadTimeoutMs + MODELS.real.replyTimeoutMs,

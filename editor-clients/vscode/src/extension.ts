@@ -29,6 +29,7 @@ export interface ServerSettings {
   draft: string | null;
   drafter: string;
   maxTokens: number;
+  maxTimeMs: number;
   device: string;
   dtype: string;
   temperature: number;
@@ -65,6 +66,7 @@ export function readSettings(config: vscode.WorkspaceConfiguration): ServerSetti
     draft: draft === '' ? null : draft,
     drafter: config.get<string>('drafter', 'auto'),
     maxTokens: config.get<number>('maxTokens', 64),
+    maxTimeMs: config.get<number>('maxTimeMs', 150),
     device: config.get<string>('device', 'auto'),
     dtype: config.get<string>('dtype', 'auto'),
     temperature: config.get<number>('temperature', 0),

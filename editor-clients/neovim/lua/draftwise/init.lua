@@ -28,6 +28,7 @@ local defaults = {
     draft = nil, ---@type string?   draft model spec, or "none"
     drafter = nil, ---@type string? "auto" | "none" | "lookup" | "model" | "suggestion"
     maxTokens = nil, ---@type integer?
+    maxTimeMs = nil, ---@type integer? generation time cap per suggestion (server default 150; 0: none)
     device = nil, ---@type string?  "auto" | "cpu" | "cuda" | "cuda:N" | "mps"
     dtype = nil, ---@type string?
     temperature = nil, ---@type number?
