@@ -63,6 +63,45 @@ def show(title: str, items, stats: dict) -> str:
     return text
 
 
+async def ask(client: LanguageClient, uri: str, pos: types.Position, title: str) -> tuple[str, dict]:
+    """One inline completion request, printed with the stats of the engine request that served it."""
+    before = as_dict(await client.protocol.send_request_async("draftwise/stats", {})).get("requests", 0)
+    start = time.perf_counter()
+    # Triggered as an editor does while typing (an explicit invoke waits for alternatives instead).
+    result = await client.text_document_inline_completion_async(types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=pos,
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+    answered_ms = (time.perf_counter() - start) * 1000
+    items = result.items if isinstance(result, types.InlineCompletionList) else (result or [])
+    # A type-ahead answer comes at once; the engine still verifies the rest of the suggestion.
+    for _ in range(600):
+        stats = as_dict(await client.protocol.send_request_async("draftwise/stats", {}))
+        if stats.get("requests", 0) > before:
+            break
+        await asyncio.sleep(0.1)
+    text = show(title, items, stats)
+    print(f"-- answered in {answered_ms:.0f} ms")
+    return text, stats
+
+
+async def start_server(client: LanguageClient, folder: Path, serve_flags: list[str]) -> dict:
+    """Start `draftwise serve` with `folder` as the workspace; its stats once the model is loaded."""
+    cmd = server_command(serve_flags)
+    print("starting:", " ".join(cmd), file=sys.stderr)
+    await client.start_io(*cmd)
+    await client.initialize_async(types.InitializeParams(
+        capabilities=types.ClientCapabilities(), root_uri=folder.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(uri=folder.as_uri(), name=folder.name)]))
+    client.initialized(types.InitializedParams())
+    return await wait_ready(client)
+
+
+def type_text(client: LanguageClient, uri: str, at: types.Position, text: str) -> None:
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+        content_changes=[types.TextDocumentContentChangePartial(range=types.Range(at, at), text=text)]))
+
+
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--file", default=str(HERE / "sample.py"))
@@ -73,14 +112,7 @@ async def main() -> int:
     text = path.read_text()
     line, character = (args.line, args.character) if args.line is not None else default_position(text)
     client = LanguageClient("draftwise-demo", "0.1")
-    cmd = server_command(serve_flags)
-    print("starting:", " ".join(cmd), file=sys.stderr)
-    await client.start_io(*cmd)
-    await client.initialize_async(types.InitializeParams(
-        capabilities=types.ClientCapabilities(), root_uri=path.parent.as_uri(),
-        workspace_folders=[types.WorkspaceFolder(uri=path.parent.as_uri(), name=path.parent.name)]))
-    client.initialized(types.InitializedParams())
-    stats = await wait_ready(client)
+    stats = await start_server(client, path.parent, serve_flags)
     if stats.get("state") != "ready":
         print(f"draftwise: the model failed to load: {stats.get('error')}", file=sys.stderr)
         return 1
@@ -90,36 +122,13 @@ async def main() -> int:
     print(f"{path.name}, line {line}, character {character}:", file=sys.stderr)
     print("\n".join(text.split("\n")[max(0, line - 3):line + 1]), file=sys.stderr)
 
-    async def ask(pos: types.Position, title: str):
-        before = as_dict(await client.protocol.send_request_async("draftwise/stats", {})).get("requests", 0)
-        start = time.perf_counter()
-        # Triggered as an editor does while typing (an explicit invoke waits for alternatives instead).
-        result = await client.text_document_inline_completion_async(types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri), position=pos,
-            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
-        answered_ms = (time.perf_counter() - start) * 1000
-        items = result.items if isinstance(result, types.InlineCompletionList) else (result or [])
-        # A type-ahead answer comes at once; the engine still verifies the rest of the suggestion.
-        for _ in range(600):
-            stats = as_dict(await client.protocol.send_request_async("draftwise/stats", {}))
-            if stats.get("requests", 0) > before:
-                break
-            await asyncio.sleep(0.1)
-        text = show(title, items, stats)
-        print(f"-- answered in {answered_ms:.0f} ms")
-        return text, stats
-
-    suggestion, stats = await ask(types.Position(line, character), "suggestion")
+    suggestion, stats = await ask(client, uri, types.Position(line, character), "suggestion")
     typed = suggestion[:6]
     if typed and "\n" not in typed:
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=2),
-            content_changes=[types.TextDocumentContentChangePartial(
-                range=types.Range(types.Position(line, character), types.Position(line, character)), text=typed)]))
-        _, stats = await ask(types.Position(line, character + len(typed)), f"after typing {typed!r}")
-    info = stats
-    print(f"\nmodel {info.get('target')} on {info.get('device')}, {info.get('weights')} weights, drafter "
-          f"{info.get('drafter')}\nweights {info.get('weights')}: {info.get('weightsReason')}")
+        type_text(client, uri, types.Position(line, character), typed)
+        _, stats = await ask(client, uri, types.Position(line, character + len(typed)), f"after typing {typed!r}")
+    print(f"\nmodel {stats.get('target')} on {stats.get('device')}, {stats.get('weights')} weights, drafter "
+          f"{stats.get('drafter')}\nweights {stats.get('weights')}: {stats.get('weightsReason')}")
     await client.shutdown_async(None)
     client.exit(None)
     await client.stop()
