@@ -151,7 +151,8 @@ def cmd_complete(args) -> int:
     if not path.is_file():
         raise DraftwiseError(f"file not found: {path}")
     try:
-        text = path.read_text(encoding="utf-8")
+        # As an editor sends it: line breaks untouched (read_text would turn CRLF into LF), no BOM.
+        text = path.read_bytes().decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         raise DraftwiseError(f"{path} is not UTF-8 text") from exc
     offset = position_to_offset(text, args.line, args.character, str(path))

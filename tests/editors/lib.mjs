@@ -103,7 +103,6 @@ process.on('exit', () => {
   for (const dir of tempDirs) fs.rmSync(dir, { recursive: true, force: true });
 });
 
-/** A fresh directory, removed when the test process exits (kept with DRAFTWISE_KEEP_TEMP=1). */
 /**
  * What `draftwise complete` gives for `text` at `position` (line and character, as LSP counts them) in
  * a file called `name`, with the server's settings as command-line flags (`args`): its JSON, whose
@@ -115,8 +114,21 @@ export function draftwiseComplete(name, text, position, args) {
   fs.writeFileSync(file, text);
   const out = execFileSync(python, ['-m', 'lsp_server.cli', 'complete', file, '--line', String(position.line),
     '--character', String(position.character), '--json', ...args],
-  { cwd: repoRoot, env: serverEnv(), encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], timeout: 300_000 });
+  { cwd: repoRoot, env: serverEnv(), encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], timeout: 120_000 });
   return JSON.parse(out);
+}
+
+/**
+ * `draftwise complete`'s flags for what the editor's server runs: the target, maxTokens, the CPU, and
+ * the weight format the server chose (its last `draftwise/stats` reply in the protocol log), so that
+ * `complete` does not choose for itself.
+ */
+export function completeFlags(tapLog, model) {
+  const replies = readTap(tapLog).filter(({ direction, message }) => direction === 'to-editor'
+    && typeof message.result?.weights === 'string' && message.result?.target === model.target());
+  const weights = replies.at(-1)?.message.result.weights;
+  if (!/^(fp32|bf16|int8|int4|gguf)$/.test(weights ?? '')) throw new Error(`no weight format in the server's stats: ${weights}`);
+  return ['--target', model.target(), '--max-tokens', String(model.maxTokens), '--device', 'cpu', '--weights', weights];
 }
 
 /** `text` with `suggestion` ({text, replace} from draftwiseComplete) inserted at character `offset`. */
@@ -124,6 +136,7 @@ export function withSuggestion(text, offset, suggestion) {
   return text.slice(0, offset) + suggestion.text + text.slice(offset + suggestion.replace);
 }
 
+/** A fresh directory, removed when the test process exits (kept with DRAFTWISE_KEEP_TEMP=1). */
 export function makeTempDir(prefix) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), `draftwise-${prefix}-`));
   tempDirs.push(dir);

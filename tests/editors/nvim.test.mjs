@@ -8,7 +8,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { pathToFileURL } from 'node:url';
 import {
-  askedAt, draftwiseComplete, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, realModelPresent, replyItems, tail, waitFor,
+  askedAt, completeFlags, draftwiseComplete, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, realModelPresent, replyItems, tail, waitFor,
   withSuggestion,
 } from './lib.mjs';
 import { applySuggestion, displayed, HeadlessNvim, TmuxNvim } from './nvim-harness.mjs';
@@ -622,8 +622,9 @@ describe('Neovim with Qwen2.5-Coder 0.5B', { timeout: 900_000 }, () => {
     if (skip) return;
     file = writeSource('nvim-real');
     // No time cap: the suggestion is compared with `draftwise complete`'s, which has none.
+    // The protocol log gives `draftwise complete` the weight format the server chose.
     nvim = await HeadlessNvim.start({ file, settings: { ...settingsFor(model), maxTimeMs: 0 }, logDir: ensureArtifactsDir(), name: 'nvim-real',
-      env: { DRAFTWISE_TEST_AUTOCLOSE: '1' } });
+      env: { DRAFTWISE_TEST_AUTOCLOSE: '1' }, tap: { log: path.join(ensureArtifactsDir(), 'nvim-real-lsp.jsonl') } });
   });
 
   after(async () => {
@@ -647,7 +648,7 @@ describe('Neovim with Qwen2.5-Coder 0.5B', { timeout: 900_000 }, () => {
     // the server shapes it: the same text, whatever the model's answer is.
     const text = `${lines.join('\n')}\n`;
     const cursor = { line: lines.length - 1, character: lines.at(-1).length };
-    const cli = draftwiseComplete('real.js', text, cursor, ['--target', model.target(), '--max-tokens', String(model.maxTokens)]);
+    const cli = draftwiseComplete('real.js', text, cursor, completeFlags(nvim.tapLog, model));
     assert.ok(cli.suggestion, `draftwise complete has nothing to show here: ${JSON.stringify(cli)}`);
     assert.equal(`${expected.join('\n')}\n`, withSuggestion(text, text.length - 1, cli.suggestion),
       `accepted in Neovim vs draftwise complete (engine text ${JSON.stringify(cli.text)})`);

@@ -8,7 +8,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { pathToFileURL } from 'node:url';
 import {
-  askedAt, draftwiseComplete, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, readTap, realModelPresent, replyItems,
+  askedAt, completeFlags, draftwiseComplete, ensureArtifactsDir, loadRetry, makeTempDir, MODELS, readTap, realModelPresent, replyItems,
   tail, waitFor, withSuggestion,
 } from './lib.mjs';
 import { CodeServer, displayed } from './vscode-harness.mjs';
@@ -473,7 +473,7 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
     // the server shapes it: the same text, whatever the model's answer is.
     const before = REAL_JS + typed;
     const cursor = endOf(before);
-    const cli = draftwiseComplete('factorial.js', before, cursor, ['--target', real.target(), '--max-tokens', String(real.maxTokens)]);
+    const cli = draftwiseComplete('factorial.js', before, cursor, completeFlags(vscode.tapLog, real));
     assert.ok(cli.suggestion, `draftwise complete has nothing to show here: ${JSON.stringify(cli)}`);
     assert.equal(expected, withSuggestion(before, offsetOf(before, cursor), cli.suggestion),
       `accepted in VS Code vs draftwise complete (engine text ${JSON.stringify(cli.text)})`);

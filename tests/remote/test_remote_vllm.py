@@ -83,12 +83,12 @@ async def quiet(vllm: VllmServer, since: float, within_s: float = 1.0) -> dict:
         await asyncio.sleep(0.05)
 
 
-def first_try_failed(err: AssertionError, serve_log) -> None:
+def first_try_failed(err: AssertionError, serve_log, label: str = "first try failed") -> None:
     """Print a first try's failure with draftwise's remote log (`request cancelled`, `request ended:
     cancelled` say the cancel reached the stream and closed it) before the one retry."""
     remote = [line for line in serve_log.read_text().splitlines()
               if "draftwise.remote" in line or " ERROR " in line or " WARNING " in line]
-    report = f"first try failed: {err}\ndraftwise's remote log, last lines:\n" + "\n".join(remote[-12:])
+    report = f"{label}: {err}\ndraftwise's remote log, last lines:\n" + "\n".join(remote[-12:])
     print(report, file=sys.stderr)
     warnings.warn(report, stacklevel=2)  # shown in the run's summary even when the retry passes
 
@@ -197,7 +197,7 @@ def vllm_went_on_twice(failures: list[str], serve_log) -> None:
     called), and vLLM went on generating all the same. Stopping an answer whose client has gone is
     vLLM's part; in some CI runs (a slower CPU, vLLM's API server behind on its stream) it stops only
     at max_tokens. Reported as an expected failure with both tries' numbers, never as a pass."""
-    first_try_failed(AssertionError(failures[-1]), serve_log)
+    first_try_failed(AssertionError(failures[-1]), serve_log, label="second try failed too")
     pytest.xfail("vLLM went on generating although draftwise closed the answer's connection within a "
                  f"second, in both tries: {' | '.join(failures)}")
 
