@@ -99,7 +99,7 @@ def isa() -> str:
 
 
 # compiler flags for portable C++ (decoding/kernels/row_ops.cpp) on each path: its vectors map to
-# the widest registers the path allows
+# the widest registers the path allows (AVX2: row_ops.cpp's own 8-lane code)
 VECTOR_FLAGS = {"avx512vnni": ["-mavx512f", "-mfma"], "avxvnni": ["-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"],
                 "neon": [], "portable": []}
 

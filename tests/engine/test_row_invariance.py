@@ -139,6 +139,30 @@ def test_attention_kernel_is_close_to_softmax_attention_and_each_row_is_its_own(
         assert torch.equal(torch.cat([row_ops.causal_attention(q[i:i + 1], keys, values, 100 + i) for i in range(40)]), got)
 
 
+# causal_attention's output on the inputs below, recorded on the AVX-512 build; every other build
+# (make test-isa: the avx2 and avxvnni builds, both on row_ops.cpp's 8-lane AVX2 code) must give it
+# bit for bit.
+ATTENTION_DIGEST = (0x840E04803049682B, 0x96ADD5EF059F5BD7)
+
+
+@pytest.mark.skipif(row_ops.problem() is not None, reason=f"attention kernel: {row_ops.problem()}")
+def test_attention_computes_the_same_bits_on_every_instruction_set():
+    """Fixed inputs (integers over powers of two: exact floats whatever CPU made them), rows whose
+    keys end inside and at the end of a 16-key block, over 1,000 keys, head sizes 64 and 128: a
+    build whose sums ran in another order (say, AVX2's 8-lane halves of each 16-lane vector added in
+    another tree) fails."""
+    from tests.engine.test_integer_kernels import Xorshift, fnv1a
+
+    rng, digests = Xorshift(), []
+    for d, length, start, rows in ((64, 1100, 1000, 19), (128, 200, 30, 17)):
+        def exact(n: int, scale: int) -> torch.Tensor:
+            return torch.tensor(rng.uniform(-2000, 2000, n), dtype=torch.float32) / scale
+        keys, values = exact(2 * length * d, 1024).reshape(2, length, d), exact(2 * length * d, 2048).reshape(2, length, d)
+        q = exact(rows * 14 * d, 4096).reshape(rows, 14, d)
+        digests.append(fnv1a(row_ops.causal_attention(q, keys, values, start)))
+    assert tuple(digests) == ATTENTION_DIGEST
+
+
 @pytest.mark.real_model
 def test_the_real_model_on_real_code_is_row_exact_at_eight_threads():
     from decoding.models.loading import load_model
