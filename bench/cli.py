@@ -88,14 +88,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--llama-server", metavar="LIST",
                    help="also run llama.cpp's own server on the target's GGUF, one process per variant: any of "
                         "plain, ngram-simple, ngram-mod, draft (the --draft model's GGUF; draft:N sets "
-                        "--spec-draft-n-max N); rows llama-server@VARIANT, asked over /infill")
+                        "--spec-draft-n-max N), draft-plain (the --draft model itself, decoded plainly); rows "
+                        "llama-server@VARIANT, asked over /infill")
     g.add_argument("--llama-server-binary", metavar="PATH",
                    help="the llama-server to run (default: on PATH, else beside this Python, where "
                         "`make setup-llama-server` puts it; `make setup-llama-server ISA=avx2|avxvnni` builds "
                         ".venv/bin/llama-server-avx2|avxvnni, which must be given here)")
     g.add_argument("--llama-goal", type=float, metavar="X",
                    help="auto's decode speed over llama.cpp's plain decoding that counts as met "
-                        "(default: 1.3, 1.0 with --draft); over its fastest speculation: 1.3")
+                        "(default: 1.3; 1.5 with --draft, where the target is the bigger model a draft model speeds "
+                        "up); over its fastest speculation: 1.3; over its plain decoding of the draft model "
+                        "(draft-plain): 1.0")
     g.add_argument("--llamacpp-threads", type=_positive, default=0, metavar="N",
                    help="llama.cpp threads, llama-server's included (default: one per CPU core)")
     g.add_argument("--quality-cases", type=_positive, default=0, metavar="N",
@@ -106,9 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "sampling, and pair each format with its fp32 records for the quality gate, so fp32 (the "
                         "slowest format) need not run again")
     g.add_argument("--quality-merge", metavar="LIST",
-                   help="pool the scored records of earlier bench JSONs (comma-separated; same model, --max-tokens "
+                   help="pool the scored records of earlier bench JSONs (comma-separated; the same --max-tokens "
                         "and --context-tokens) into one quality table with the gate's verdicts, and exit (loads no "
-                        "model); a case scored in more than one file counts once")
+                        "model); a case scored in more than one file counts once. Runs of several models on the "
+                        "same cases (--quality-reference) compare the models: rows MODEL@FORMAT")
+    g.add_argument("--quality-versus", metavar="ROW",
+                   help="with --quality-merge of several models: the row every other is paired with (default: "
+                        "the first file's model at fp32, e.g. qwen2.5-coder-0.5b@fp32)")
     g.add_argument("--cross-file", dest="crossfile", type=_positive, default=0, metavar="N",
                    help="also run N cross-file cases (the removed line uses a name defined in another file of its "
                         "package, the package is the workspace): quality with and without the repository context, "
@@ -121,7 +128,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the cross-file cases' runs without (off) and with (on) the repository context: rows "
                         "MODE@FORMAT and MODE@FORMAT+context (default: %(default)s)")
     g.add_argument("--serve-rss", action="store_true",
-                   help="also start `draftwise serve` once per format and measure its resident memory")
+                   help="also start `draftwise serve` once per format and measure its resident memory (with --draft, "
+                        "also with the draft model loaded). The JSON always holds each llama-server's own "
+                        "(config.llama_server.rss_mib)")
     g.add_argument("--serve-start", action="store_true",
                    help="also start `draftwise serve` (the first weights format) and time it to its first "
                         "suggestion; measured first, on a quiet machine; with --limit 0 and no --cross-file, alone")
@@ -254,10 +263,13 @@ def run(args) -> int:
         from bench.harness import read_quality_reference
         try:
             cases, quality_cases, quality_reference = read_quality_reference(
-                args.quality_reference, max_tokens=getattr(args, "max_tokens", None) or 48,
+                args.quality_reference, args.target, max_tokens=getattr(args, "max_tokens", None) or 48,
                 context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens))
         except (OSError, ValueError) as exc:
             raise DraftwiseError(f"--quality-reference: {exc}") from exc
+        if quality_reference is None:
+            print(f"draftwise bench: --quality-reference ran another model: its cases are scored again, its records "
+                  f"are not this model's fp32 (pool the runs with --quality-merge to compare the models)", file=sys.stderr)
 
     from tqdm import tqdm
 
@@ -287,7 +299,7 @@ def run(args) -> int:
         typing_cases=args.typing_cases, keystrokes=args.keystrokes, typing_prompt_tokens=args.typing_prompt_tokens,
         typing_drafter=typing_drafter, cancel_tries=args.cancel_tries,
         llamacpp_threads=args.llamacpp_threads or None, seed=args.seed,
-        llama_goal=(1.0 if draft else 1.3) if getattr(args, "llama_goal", None) is None else args.llama_goal,
+        llama_goal=(1.5 if draft else 1.3) if getattr(args, "llama_goal", None) is None else args.llama_goal,
         remote_targets=parse_remote_list(getattr(args, "remote", None)),
         llama_server=llama_server, llama_server_binary=getattr(args, "llama_server_binary", None),
     )
@@ -321,7 +333,8 @@ def run(args) -> int:
         from bench.serve_memory import serve_rss_mib
 
         print("measuring draftwise serve memory per format", file=sys.stderr)
-        serve_rss = serve_rss_mib(args.target, sorted({"fp32", *engines}, key=["fp32", "bf16", "int8", "int4"].index))
+        serve_rss = serve_rss_mib(args.target, sorted({"fp32", *engines}, key=["fp32", "bf16", "int8", "int4", "gguf"].index),
+                                  draft=draft, draft_weights=getattr(args, "draft_weights", "auto"))
     info = engine.info()
     config_out = {
         "target": args.target, "draft": draft, "device": info.get("device"), "dtype": info.get("dtype"),
@@ -400,7 +413,7 @@ def _quality_merge(args) -> int:
 
     paths = [p.strip() for p in args.quality_merge.split(",") if p.strip()]
     try:
-        data = merge_quality_runs(paths)
+        data = merge_quality_runs(paths, getattr(args, "quality_versus", None))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DraftwiseError(f"--quality-merge: {exc}") from exc
     data["config"]["command"] = "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -34,7 +34,7 @@ from bench.hf_baselines import GenerateTiming, cut_at_end
 from bench.llama_server import LlamaServerProcess, find_llama_server, timing_from_server
 from bench.metrics import (
     ALL_MODES, ENGINE_MODES, HF_MODES, LLAMA_SERVER, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
-    paired_difference, percentile, quality_summary, remote_key, split_key, summarize,
+    SMALL_MODEL_PLAIN, paired_difference, percentile, quality_summary, remote_key, split_key, summarize,
 )
 from decoding.healing import Constraint, without_healed
 from decoding.remote.backends import SPECULATION_COUNTERS
@@ -274,8 +274,9 @@ class Bench:
         return rows
 
     def _start_llama_servers(self) -> list[str]:
-        """One llama-server per --llama-server variant on the target's GGUF, each a remote engine on
-        its /infill; the rows that can run. A variant that cannot is a skipped row, with why."""
+        """One llama-server per --llama-server variant on the target's GGUF (draft-plain: the draft
+        model's), each a remote engine on its /infill; the rows that can run. A variant that cannot is
+        a skipped row, with why."""
         from decoding.models.loading import gguf_file
 
         if not self.s.llama_server:
@@ -294,15 +295,15 @@ class Bench:
             if binary is None:
                 self.result.skipped[key] = "no llama-server binary (make setup-llama-server, or --llama-server-binary)"
                 continue
-            if gguf is None:
+            if gguf is None and variant.name != SMALL_MODEL_PLAIN:
                 self.result.skipped[key] = f"no GGUF file for target {self.target_spec}"
                 continue
             try:
-                flags = variant.flags(draft_gguf)
+                flags, model = variant.flags(draft_gguf), variant.model(gguf, draft_gguf)
             except ValueError as exc:
                 self.result.skipped[key] = str(exc)
                 continue
-            server = LlamaServerProcess(binary, gguf, flags, threads,
+            server = LlamaServerProcess(binary, model, flags, threads,
                                         ctx_size=max(4096, 2 * config.context_tokens + self.s.max_tokens))
             self.llama_servers[key] = server  # from here on close() stops it, whatever happens
             try:
@@ -317,7 +318,9 @@ class Bench:
                 self.llama_servers.pop(key).stop()
                 self.result.skipped[key] = why
                 continue
-            self.llama_server_info["variants"][key] = flags
+            # files by name: a JSON kept in the repository names no machine's folders
+            shown = [Path(f).name if draft_gguf is not None and f == str(draft_gguf) else f for f in flags]
+            self.llama_server_info["variants"][key] = shown if model == gguf else ["-m", model.name, *shown]
             rows.append(key)
         return rows
 
@@ -420,7 +423,7 @@ class Bench:
         server = (engine.stats().get("last") or {}).get("server") or {}
         mode, variant = split_key(key)
         if mode == LLAMA_SERVER:
-            timed = timing_from_server(server, variant != "plain")
+            timed = timing_from_server(server, variant not in ("plain", SMALL_MODEL_PLAIN))
             for name, value in (timed or {}).items():  # llama-server's own clock, as vLLM's /metrics above
                 setattr(rec, name, value)
             if timed is None and rec.stopped != "error":  # cut off before its last event: no clock to read
@@ -647,7 +650,10 @@ class Bench:
             self.llama = None
         for remote in self.remotes.values():
             remote.close()
-        for server in self.llama_servers.values():
+        for key, server in self.llama_servers.items():
+            rss = server.rss_mib()  # after its rows: what it held serving them
+            if rss is not None and self.llama_server_info is not None:
+                self.llama_server_info.setdefault("rss_mib", {})[key] = rss
             server.stop()
         self.remotes, self.llama_servers = {}, {}
 
@@ -717,10 +723,12 @@ def build_report_data(bench: Bench, modes_order: Sequence[str], config: dict) ->
     }
 
 
-def quality_table(records: dict[str, dict[str, RunRecord]], fp32: dict[str, RunRecord] | None = None) -> dict | None:
-    """format -> its scored records (case id -> record) -> the quality table: per format first-line exact
-    and similarity, and against fp32's records of the same cases the paired difference and the gate's
-    verdict. fp32: fp32's records where `records` has none (an earlier run's)."""
+def quality_table(records: dict[str, dict[str, RunRecord]], fp32: dict[str, RunRecord] | None = None,
+                  versus: str = "fp32") -> dict | None:
+    """row (a weight format, or `model@format` when models are compared) -> its scored records (case id
+    -> record) -> the quality table: per row first-line exact and similarity, and against the `versus`
+    row's records of the same cases the paired difference; against one model's fp32 (`versus_fp32`)
+    also the gate's verdict. fp32: fp32's records where `records` has none (an earlier run's)."""
     from decoding.models.quality_gate import MAX_DROP_POINTS
 
     fp32 = records.get("fp32") or fp32 or {}
@@ -729,23 +737,26 @@ def quality_table(records: dict[str, dict[str, RunRecord]], fp32: dict[str, RunR
     table = {fmt: quality_summary(r for r in recs.values() if r.ok) for fmt, recs in records.items()}
     if not table:
         return None
+    gate = versus == "fp32"
+    against = fp32 if gate else records.get(versus, {})
     # The gate: a format stays out of `auto` only when the 95% interval of its paired difference
     # from fp32 lies wholly below -MAX_DROP_POINTS (decoding/models/quality_gate.py).
-    reference = table.get("fp32", {}).get("first_line_exact")
+    reference = table.get(versus, {}).get("first_line_exact")
     for fmt, q in table.items():
         if reference is not None and q["first_line_exact"] is not None:
             q["drop_points"] = round(reference - q["first_line_exact"], 1)
-        if fmt == "fp32" or not fp32:
+        if fmt == versus or not against:
             continue
-        paired = paired_difference(records[fmt], fp32)
+        paired = paired_difference(records[fmt], against)
         if paired is not None:
-            q["versus_fp32"] = paired
-            q["passes_gate"] = paired["ci95"][1] >= -MAX_DROP_POINTS
-    return {"max_drop_points": MAX_DROP_POINTS, "formats": table,
+            q["versus_fp32" if gate else "versus"] = paired
+            if gate:
+                q["passes_gate"] = paired["ci95"][1] >= -MAX_DROP_POINTS
+    return {"max_drop_points": MAX_DROP_POINTS, "formats": table, "versus": versus,
             "cases": max((q["quality_cases"] for q in table.values()), default=0),
             "method": "first line of the raw completion equal to the removed code's first line (trailing "
                       "spaces aside); similarity: difflib ratio over as many lines as were removed; "
-                      "versus_fp32: paired difference with a 95% bootstrap interval and McNemar's exact test"}
+                      f"versus {versus}: paired difference with a 95% bootstrap interval and McNemar's exact test"}
 
 
 def _records(rows: Sequence[dict]) -> dict[str, RunRecord]:
@@ -753,17 +764,25 @@ def _records(rows: Sequence[dict]) -> dict[str, RunRecord]:
     return {r["case_id"]: RunRecord(**{k: v for k, v in r.items() if k in names}) for r in rows}
 
 
-def merge_quality_runs(paths: Sequence[str]) -> dict:
+def merge_quality_runs(paths: Sequence[str], versus: str | None = None) -> dict:
     """Several bench JSONs' scored records pooled per weight format into one quality table: each
     run's timed plain rows (`none@FORMAT`, llama.cpp's `llamacpp-plain`) and its quality runs. The
-    runs must share the model and the prompt and generation settings; a case scored by more than one
-    run counts once (the first file's record). Raises ValueError when the runs cannot be pooled."""
+    runs must share the prompt and generation settings; a case scored by more than one run counts
+    once (the first file's record). Runs of one model give the gate's table (each format against fp32).
+    Runs of several models (the same cases, `--quality-reference`) compare the models: rows are
+    `MODEL@FORMAT`, each paired with the `versus` row (default: the first file's model at fp32).
+    Raises ValueError when the runs cannot be pooled."""
     merged: dict[str, dict[str, RunRecord]] = {}
     runs, languages = [], {}
-    settings = ("target", "max_tokens", "context_tokens")
+    settings = ("max_tokens", "context_tokens")
+    loaded = [(path, json.loads(Path(path).read_text())) for path in paths]
+    if not loaded:
+        raise ValueError("no files given")
+    targets = list(dict.fromkeys(data.get("config", {}).get("target") for _, data in loaded))
+    if len(targets) > 1 and None in targets:  # models are told apart by the spec each run was given
+        raise ValueError(f"{next(p for p, d in loaded if not d.get('config', {}).get('target'))} names no target model")
     first = None
-    for path in paths:
-        data = json.loads(Path(path).read_text())
+    for path, data in loaded:
         config = data.get("config", {})
         mine = {k: config.get(k) for k in settings}
         if first is None:
@@ -771,6 +790,7 @@ def merge_quality_runs(paths: Sequence[str]) -> dict:
         elif mine != first[1]:
             differ = ", ".join(f"{k} {first[1][k]} against {mine[k]}" for k in settings if mine[k] != first[1][k])
             raise ValueError(f"{path} was run with other settings than {first[0]}: {differ}")
+        row = (lambda fmt: fmt) if len(targets) == 1 else (lambda fmt, t=config.get("target"): f"{t}@{fmt}")
         listed = {c["id"]: c["language"] for c in data.get("cases", []) + data.get("quality_cases", [])}
         per_format: dict[str, list[dict]] = {}
         for key, rows in data.get("runs", {}).items():
@@ -784,28 +804,36 @@ def merge_quality_runs(paths: Sequence[str]) -> dict:
             raise ValueError(f"{path} has no scored records (no none@FORMAT rows or quality runs)")
         added = 0
         for fmt, rows in per_format.items():
-            into = merged.setdefault(fmt, {})
+            into = merged.setdefault(row(fmt), {})
             for case_id, record in _records(rows).items():
                 if case_id not in into:
                     into[case_id] = record
                     languages.setdefault(case_id, listed.get(case_id, case_id.split(":", 1)[0]))
                     added += 1
         runs.append({"file": Path(path).name, "command": config.get("command"), "date": config.get("date"),
-                     "records_added": added})
-    table = quality_table(merged)
+                     "target": config.get("target"), "records_added": added})
+    versus = versus or ("fp32" if len(targets) == 1 else f"{targets[0]}@fp32")
+    if versus not in merged and not (versus == "fp32" and len(targets) == 1):
+        raise ValueError(f"no row {versus!r} to compare with (rows: {', '.join(merged)})")
+    table = quality_table(merged, versus=versus)
     if table is None:
         raise ValueError("no scored records in " + ", ".join(paths))
     table["languages"] = dict(Counter(languages.values()).most_common())
     table["runs"] = runs
-    return {"config": {**first[1], "merged_from": runs}, "quality": table}
+    target = targets[0] if len(targets) == 1 else targets
+    return {"config": {"target": target, **first[1], "merged_from": runs}, "quality": table}
 
 
-def read_quality_reference(path: str, **settings) -> tuple[list[Case], list[Case], dict[str, RunRecord]]:
+def read_quality_reference(path: str, target: str | None = None,
+                           **settings) -> tuple[list[Case], list[Case], dict[str, RunRecord] | None]:
     """An earlier bench JSON's timed cases, quality cases and fp32's scored records of them (its timed
     `none@fp32` runs and its fp32 quality runs): fp32 is the slowest format, and greedy decoding of the
-    same prompts gives the same text. settings (max_tokens=..., context_tokens=...) must be the earlier
-    run's. Raises ValueError when they differ, a case cannot be read again, or fp32 lacks a case."""
-    from bench.corpus import case_from_dict, default_roots, list_files
+    same prompts gives the same text. A run of a model other than `target` gives its cases only (records
+    None: another model's fp32 is no reference; `--quality-merge` compares the models). settings
+    (max_tokens=..., context_tokens=...) must be the earlier run's. A case whose file this machine lacks
+    (or holds in another version) is left out, with a warning: the rest still pair. Raises ValueError
+    when the settings differ, no case can be read again, or fp32 lacks a case of the same model's run."""
+    from bench.corpus import CorpusError, case_from_dict, default_roots, list_files
 
     data = json.loads(Path(path).read_text())
     config = data.get("config", {})
@@ -817,8 +845,27 @@ def read_quality_reference(path: str, **settings) -> tuple[list[Case], list[Case
     if any("source" not in d for d in listed):  # committed JSONs keep package paths, not machine paths
         languages = sorted({d["language"] for d in listed})
         where = {shown: source for files in list_files(default_roots(), languages).values() for source, shown in files}
-    cases = [case_from_dict(d, where) for d in data.get("cases", [])]
-    quality_cases = [case_from_dict(d, where) for d in data.get("quality_cases", [])]
+    gone: list[str] = []
+
+    def readable(listed_cases: list[dict]) -> list[Case]:
+        out = []
+        for d in listed_cases:
+            try:
+                out.append(case_from_dict(d, where))
+            except CorpusError as exc:
+                gone.append(str(exc))
+        return out
+
+    cases, quality_cases = readable(data.get("cases", [])), readable(data.get("quality_cases", []))
+    if gone:
+        if not cases and not quality_cases:
+            raise ValueError(f"none of its {len(gone)} cases can be read here (e.g. {gone[0]})")
+        log.warning("%s: %d of its %d cases are not on this machine, left out (e.g. %s)", path, len(gone),
+                    len(listed), gone[0])
+        if not cases:  # a run times at least one case
+            cases, quality_cases = quality_cases[:1], quality_cases[1:]
+    if target is not None and config.get("target") != target:
+        return cases, quality_cases, None
     rows = list(data.get("runs", {}).get("none@fp32", [])) + list(data.get("quality_runs", {}).get("fp32", []))
     records = _records(rows)
     missing = [c.id for c in cases + quality_cases if c.id not in records]

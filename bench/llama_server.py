@@ -10,7 +10,10 @@ Variants (llama.cpp's own names and defaults):
 - `plain`: no speculation;
 - `ngram-simple`, `ngram-mod`: `--spec-type` n-gram lookup over the prompt and what it generated;
 - `draft`: `-md` the draft model's GGUF with `--spec-type draft-simple` (llama.cpp's default draft
-  length); `draft:N` adds `--spec-draft-n-max N`.
+  length); `draft:N` adds `--spec-draft-n-max N`;
+- `draft-plain`: the draft model's GGUF as the model, no speculation: the small model's own speed,
+  which a bigger target with speculation would match (its text is the small model's, so it is held
+  against no other row's).
 
 Timing comes from the server's own `timings` in its last event: `predicted_ms` runs from the end of
 the prompt's read (which yields the first token) to the last token, so the row's decode speed is
@@ -32,7 +35,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-VARIANTS = ("plain", "ngram-simple", "ngram-mod", "draft")
+VARIANTS = ("plain", "ngram-simple", "ngram-mod", "draft", "draft-plain")
 START_TIMEOUT_S = 300.0
 
 
@@ -50,15 +53,23 @@ def find_llama_server(explicit: str | None = None) -> str | None:
 
 @dataclass(frozen=True)
 class Variant:
-    name: str  # plain, ngram-simple, ngram-mod, draft
+    name: str  # plain, ngram-simple, ngram-mod, draft, draft-plain
     draft_max: int | None = None  # draft:N
 
     @property
     def label(self) -> str:
         return self.name if self.draft_max is None else f"{self.name}:{self.draft_max}"
 
+    def model(self, gguf: Path, draft_gguf: Path | None) -> Path:
+        """The GGUF the server decodes: the target's, or the draft model's for draft-plain."""
+        if self.name != "draft-plain":
+            return gguf
+        if draft_gguf is None:
+            raise ValueError("the draft-plain variant needs a draft model (--draft) with a GGUF file")
+        return draft_gguf
+
     def flags(self, draft_gguf: Path | None) -> list[str]:
-        if self.name == "plain":
+        if self.name in ("plain", "draft-plain"):
             return []
         if self.name in ("ngram-simple", "ngram-mod"):
             return ["--spec-type", self.name]
@@ -146,6 +157,19 @@ class LlamaServerProcess:
         except OSError:
             return "no log"
         return " | ".join(text[-lines:]) or "no output"
+
+    def rss_mib(self) -> float | None:
+        """Its resident memory now, MiB (None when it is not running or psutil is missing)."""
+        try:
+            import psutil
+        except ImportError:
+            return None
+        if self.process is None or self.process.poll() is not None:
+            return None
+        try:
+            return round(psutil.Process(self.process.pid).memory_info().rss / 2**20, 1)
+        except (OSError, psutil.Error):
+            return None
 
     def stop(self) -> None:
         stop_process(self.process)

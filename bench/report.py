@@ -37,19 +37,27 @@ def _pct(x) -> str:
 
 
 def quality_markdown(q: dict) -> list[str]:
-    """The quality table's lines: per format against the removed code and, paired, against fp32."""
-    lines = [f"Completion quality against the removed code ({q['method']}); a format may be chosen by "
-             f"`auto` unless the 95% interval of its paired difference from fp32 lies below "
-             f"-{q['max_drop_points']:g} points:", "",
-             "| weights | cases | first line exact | similarity | minus fp32 (points) | 95% interval | McNemar p | gate |",
-             "|---|---:|---:|---:|---:|---|---:|:---:|"]
+    """The quality table's lines: per format (or model@format) against the removed code and, paired,
+    against fp32 (with the gate's verdict) or the row the models are compared with."""
+    versus = q.get("versus", "fp32")
+    gate = versus == "fp32"
+    models = any("@" in row for row in q["formats"])  # rows MODEL@FORMAT: several models compared
+    lines = [f"Completion quality against the removed code ({q['method']})"
+             + (f"; a format may be chosen by `auto` unless the 95% interval of its paired difference from fp32 "
+                f"lies below -{q['max_drop_points']:g} points:" if gate else ":"), "",
+             f"| {'model@weights' if models else 'weights'} | cases | first line exact | similarity | minus {versus} "
+             f"(points) | 95% interval | only this right / only {versus} right | McNemar p |" + (" gate |" if gate else ""),
+             "|---|---:|---:|---:|---:|---|---:|---:|" + (":---:|" if gate else "")]
     for fmt, v in q["formats"].items():
-        gate = "–" if "passes_gate" not in v else ("pass" if v["passes_gate"] else "**fail**")
-        paired = v.get("versus_fp32") or {}
+        paired = v.get("versus_fp32" if gate else "versus") or {}
         interval = f"[{paired['ci95'][0]:+.1f}, {paired['ci95'][1]:+.1f}]" if paired else "–"
-        lines.append(f"| {fmt} | {v['quality_cases']} | {_fmt(v['first_line_exact'], '.1f', '%')} | "
-                     f"{_fmt(v['similarity'], '.3f')} | {_fmt(paired.get('difference_points'), '+.1f')} | "
-                     f"{interval} | {_fmt(paired.get('mcnemar_p'), '.3f')} | {gate} |")
+        discordant = f"{paired['only_this_right']} / {paired['only_reference_right']}" if paired else "–"
+        line = (f"| {fmt} | {v['quality_cases']} | {_fmt(v['first_line_exact'], '.1f', '%')} | "
+                f"{_fmt(v['similarity'], '.3f')} | {_fmt(paired.get('difference_points'), '+.1f')} | "
+                f"{interval} | {discordant} | {_fmt(paired.get('mcnemar_p'), '.3f')} |")
+        if gate:
+            line += " " + ("–" if "passes_gate" not in v else ("pass" if v["passes_gate"] else "**fail**")) + " |"
+        lines.append(line)
     return lines
 
 

@@ -106,10 +106,32 @@ def _measure(target: str, weights: str, extra: list[str], timeout_s: float) -> f
 
     client, _ = _started(target, weights, extra, timeout_s)
     try:
+        if "--draft" in extra:  # a draft model that did not load leaves a server without it: not this row
+            stats = client.request("draftwise/stats") or {}
+            if not stats.get("draftLoaded"):  # (its note may name folders: a kept JSON gets none)
+                raise RuntimeError("the draft model did not load (draftwise/stats: draftLoaded false)")
         _first_suggestion(client)
         return psutil.Process(client.process.pid).memory_info().rss / 2**20
     finally:
         client.close()
+
+
+def serve_rss_mib(target: str, formats: list[str], draft: str | None = None, draft_weights: str = "auto",
+                  timeout_s: float = 900) -> dict[str, float | str]:
+    """Resident memory (MiB) of a `draftwise serve` per weight format after one completion; with a
+    draft model also `FORMAT+draft` (the same server keeping the draft model too). A format that
+    cannot be measured gets why, the others are still measured."""
+    out: dict[str, float | str] = {}
+    runs = [(fmt, fmt, []) for fmt in formats]
+    if draft:
+        runs += [(f"{fmt}+draft", fmt, ["--draft", draft, "--draft-weights", draft_weights, "--drafter", "model"])
+                 for fmt in formats if fmt != "fp32"]
+    for label, fmt, extra in runs:
+        try:
+            out[label] = round(_measure(target, fmt, extra, timeout_s), 1)
+        except Exception as exc:  # noqa: BLE001 - one format that fails must not lose the others
+            out[label] = f"not measured: {type(exc).__name__}: {exc}".splitlines()[0]
+    return out
 
 
 def serve_start(target: str, weights: str, timeout_s: float = 900) -> dict | str:

@@ -185,6 +185,7 @@ class EngineHost:
             "kernel": info.get("kernel"),  # what runs the format here: kernel, ISA, forward code's hash
             "weightsReason": info.get("weights_reason"),
             "draftWeights": info.get("draft_weights") or (config.draft_weights if config.draft else None),
+            "draftLoaded": bool(info.get("draft_loaded")),  # `draft` is what was asked; this, what is held
             "fimTemplate": info.get("fim_template"),
             "draftNote": info.get("draft_note") or None,
             "draftingOff": info.get("drafting_off") or None,

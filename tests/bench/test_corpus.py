@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import cli as bench_cli
+from bench import cli as bench_cli, report
 from bench.corpus import (
     CURSOR_KINDS, MIN_PREFIX_CHARS, CorpusError, language_of, list_files, parse_languages, sample_cases,
 )
@@ -212,6 +212,24 @@ def test_quality_reference_pairs_a_new_run_with_an_earlier_runs_fp32_records(rep
     path.write_text(json.dumps(earlier))
     with pytest.raises(ValueError, match="no fp32 record of 1"):
         read_quality_reference(str(path), max_tokens=24, context_tokens=512)
+    # a case whose file this machine lacks is left out; the rest still pair (the timed one moves up if need be)
+    gone = dict(with_source[0], source=str(tmp_path / "not-here.py"), id="python:not-here.py:1:x")
+    earlier["cases"], earlier["quality_runs"]["fp32"] = [gone], fp32[1:]
+    path.write_text(json.dumps(earlier))
+    timed, quality, records = read_quality_reference(str(path), max_tokens=24, context_tokens=512)
+    assert [c.id for c in timed] == [cases[1].id] and [c.id for c in quality] == [cases[2].id] and len(records) == 2
+    earlier["cases"], earlier["quality_cases"] = [gone], []
+    path.write_text(json.dumps(earlier))
+    with pytest.raises(ValueError, match="none of its 1 cases"):
+        read_quality_reference(str(path), max_tokens=24, context_tokens=512)
+    earlier["cases"], earlier["quality_cases"], earlier["quality_runs"]["fp32"] = with_source[:1], with_source[1:], fp32[1:2]
+    # another model's run (a bigger target scored on the same cases): its cases, never its records
+    earlier["config"]["target"] = "small"
+    path.write_text(json.dumps(earlier))
+    timed, quality, records = read_quality_reference(str(path), "big", max_tokens=24, context_tokens=512)
+    assert [c.id for c in timed + quality] == [c.id for c in cases] and records is None
+    with pytest.raises(ValueError, match="no fp32 record of 1"):  # the same model's run is held to its fp32
+        read_quality_reference(str(path), "small", max_tokens=24, context_tokens=512)
 
 
 def test_quality_merge_pools_runs_counts_a_case_once_and_refuses_other_settings(tmp_path):
@@ -246,7 +264,28 @@ def test_quality_merge_pools_runs_counts_a_case_once_and_refuses_other_settings(
     assert q["formats"]["int4"]["first_line_exact"] == 40.0
     paired = q["formats"]["int4"]["versus_fp32"]
     assert paired["cases"] == 5 and paired["only_reference_right"] == 2 and paired["only_this_right"] == 0
+    assert "passes_gate" in q["formats"]["int4"] and "versus" not in q["formats"]["int4"]  # one model: the gate's table
+    assert report.quality_markdown(q)[2].startswith("| weights |") and report.quality_markdown(q)[2].endswith(" gate |")
     assert [r["records_added"] for r in q["runs"]] == [6, 4]
     c = run(tmp_path / "c.json", ["py:f:6"], [True], [True], max_tokens=48)
     with pytest.raises(ValueError, match="max_tokens 24 against 48"):
         merge_quality_runs([a, c])
+
+    # another model scored on a's cases: rows MODEL@FORMAT, each paired with the row asked for
+    bigger = run(tmp_path / "d.json", ["c:a:1", "py:b:2", "py:c:3"], [True, True, True], [True, True, False],
+                 target="big")
+    models = merge_quality_runs([a, bigger], versus="m@int4")
+    q = models["quality"]
+    assert list(q["formats"]) == ["m@fp32", "m@int4", "big@fp32", "big@int4"] and q["versus"] == "m@int4"
+    paired = q["formats"]["big@int4"]["versus"]  # big@int4 right on a:1, b:2; m@int4 only on a:1
+    assert (paired["cases"], paired["only_this_right"], paired["only_reference_right"]) == (3, 1, 0)
+    assert "passes_gate" not in q["formats"]["big@int4"] and models["config"]["target"] == ["m", "big"]
+    default = merge_quality_runs([a, bigger])["quality"]
+    assert default["versus"] == "m@fp32" and default["formats"]["big@int4"]["versus"]["cases"] == 3  # same 3 right and wrong
+    assert not any("versus_fp32" in v or "passes_gate" in v for v in default["formats"].values())  # no gate across models
+    header = report.quality_markdown(default)[2]
+    assert header.startswith("| model@weights |") and "minus m@fp32" in header and "gate" not in header
+    with pytest.raises(ValueError, match="no row 'm@int8'"):
+        merge_quality_runs([a, bigger], versus="m@int8")
+    with pytest.raises(ValueError, match="no files"):
+        merge_quality_runs([])

@@ -39,6 +39,11 @@ def test_each_variant_gives_llama_server_its_own_flags():
     assert Variant("draft", 8).flags(draft)[-2:] == ["--spec-draft-n-max", "8"]
     with pytest.raises(ValueError, match="draft model"):
         Variant("draft").flags(None)
+    target = Path("/models/target.gguf")
+    assert [Variant(v).model(target, draft) for v in ("plain", "draft")] == [target, target]
+    assert Variant("draft-plain").model(target, draft) == draft and Variant("draft-plain").flags(draft) == []
+    with pytest.raises(ValueError, match="draft model"):
+        Variant("draft-plain").model(target, None)
 
 
 def test_timing_is_the_servers_own_clock_after_the_first_token():
@@ -78,6 +83,25 @@ def test_a_speculative_row_compares_with_the_plain_server_and_auto_is_held_again
     assert over_plain["value"] == 1.5 and over_plain["target"] == ">= 1.4" and over_plain["met"] is True
     assert "over llama-server@ngram-mod" in over_best["goal"] and "draft:8" in over_best["goal"]
     assert over_best["value"] == 1.2 and over_best["target"] == ">= 1.3" and over_best["met"] is False
+
+
+def test_the_draft_models_own_plain_row_is_the_moonshot_bar_and_no_speculation_peer():
+    """--llama-server draft-plain: llama.cpp decoding the small model plainly. auto on the bigger
+    target is held against it at 1.0x; it is its own plain row (its text is another model's) and
+    never the 'fastest speculation' peer, however fast it is."""
+    runs = {"hf-plain": {c: rec("hf-plain", c, 5.0) for c in "ab"},
+            "none@int4": {c: rec("none@int4", c, 17.0, "P") for c in "ab"},
+            "auto@int4": {c: rec("auto@int4", c, 30.0, "P") for c in "ab"},
+            "llama-server@plain": {c: rec("llama-server@plain", c, 15.0, "L") for c in "ab"},
+            "llama-server@ngram-mod": {c: rec("llama-server@ngram-mod", c, 16.0, "L") for c in "ab"},
+            "llama-server@draft-plain": {c: rec("llama-server@draft-plain", c, 40.0, "small") for c in "ab"}}
+    assert family_plain("llama-server@draft-plain") == "llama-server@draft-plain"
+    summary = summarize(runs, list(runs))
+    assert summary["llama-server@draft-plain"]["identical_rate_vs_family_plain"] == 1.0
+    goals = [g for g in check_goals(summary, None, None, weights="int4", llama_goal=1.5) if "llama-server" in g["goal"]]
+    assert [(g["target"], g["met"]) for g in goals] == [(">= 1.5", True), (">= 1.3", True), (">= 1.0", False)]
+    assert "over llama-server@ngram-mod" in goals[1]["goal"] and "draft-plain" not in goals[1]["goal"]
+    assert "over llama-server@draft-plain" in goals[2]["goal"] and goals[2]["value"] == 0.75
 
 
 def test_the_cli_refuses_a_bad_list_before_loading_anything():

@@ -10,7 +10,7 @@ from torch import nn
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
-from decoding.kernels import row_ops
+from decoding.kernels import integer_linear, row_ops
 from decoding.models import quality_gate, weights
 from decoding.models.loading import load_model
 from decoding.models.specs import parse_model_spec
@@ -404,3 +404,20 @@ def test_the_reported_kernel_names_the_attention_path_the_decoder_runs(tiny_mode
             assert not model.attention_kernel and "+rows" in weights.implementation("int8")
     finally:
         engine.close()
+
+
+def test_packing_in_chunks_fits_each_group_as_one_call_over_the_layer_does():
+    """pack() (pure torch: it runs on any CPU) fits a few thousand groups at a time for speed: the
+    grids and codes must be those of fitting the whole layer at once (a layer of 2.5 chunks, so a
+    short last chunk is included)."""
+    torch.manual_seed(1)
+    weight = torch.randn(160, 2016) * 0.02  # 10,080 groups
+    n, k = weight.shape
+    assert n * k // 32 > 2 * integer_linear.FIT_CHUNK and (n * k // 32) % integer_linear.FIT_CHUNK
+    scale, low = integer_linear._fit_groups(weight.reshape(n, k // 32, 32))
+    packed, scales, lows = integer_linear.pack(weight)
+    per_block = lambda t: t.reshape(n // 16, 16, k // 32).permute(0, 2, 1)  # noqa: E731
+    assert torch.equal(scales, per_block(scale.squeeze(-1))) and torch.equal(lows, per_block(low.squeeze(-1)))
+    codes = torch.round((weight.reshape(n, k // 32, 32) - low.float()) / scale.float()).clamp(0, 15)
+    assert torch.equal(integer_linear.unpack(packed, scales, lows),
+                       (codes * scale.float() + low.float()).reshape(n, k))

@@ -68,4 +68,6 @@ def test_the_bench_runs_llama_server_beside_the_engine_and_stops_it(tmp_path):
         assert r["drafted_tokens"] is not None and 0 <= r["accepted_tokens"] <= r["drafted_tokens"]
     assert data["config"]["llama_server"]["variants"]["llama-server@ngram-mod"] == ["--spec-type", "ngram-mod"]
     assert any("over llama-server@plain" in g["goal"] for g in data["goals"])
+    rss = data["config"]["llama_server"]["rss_mib"]  # each server's own, read before it was stopped
+    assert set(rss) == {"llama-server@plain", "llama-server@ngram-mod"} and all(v > 100 for v in rss.values()), rss
     assert llama_server_pids(binary) <= before, "the bench left llama-server running"

@@ -96,7 +96,7 @@ async def test_stats_describe_the_loaded_model(vscode, tiny_model_dir):
     s = await stats(vscode)
     assert s["state"] == "ready" and s["error"] is None
     assert s["target"] == str(tiny_model_dir)
-    assert (s["device"], s["drafter"], s["draft"]) == ("cpu", "auto", None)
+    assert (s["device"], s["drafter"], s["draft"], s["draftLoaded"]) == ("cpu", "auto", None, False)
     assert s["fimTemplate"] == "qwen2.5-coder"
     # `auto` says what it chose and why; activations are bf16 for bf16 (and int4 on ATen's kernel)
     assert s["weights"] in ("fp32", "bf16", "int8", "int4", "gguf") and s["weightsReason"]
