@@ -31,10 +31,10 @@ from typing import Callable, Sequence
 
 from bench.corpus import Case
 from bench.hf_baselines import GenerateTiming, cut_at_end
-from bench.llama_server import LlamaServerProcess, find_llama_server, timing_from_server
+from bench.llama_server import SMALL_MODEL_PLAIN, LlamaServerProcess, find_llama_server, timing_from_server
 from bench.metrics import (
     ALL_MODES, ENGINE_MODES, HF_MODES, LLAMA_SERVER, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
-    SMALL_MODEL_PLAIN, paired_difference, percentile, quality_summary, remote_key, split_key, summarize,
+    paired_difference, percentile, quality_summary, remote_key, split_key, summarize,
 )
 from decoding.healing import Constraint, without_healed
 from decoding.remote.backends import SPECULATION_COUNTERS

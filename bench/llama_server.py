@@ -35,7 +35,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-VARIANTS = ("plain", "ngram-simple", "ngram-mod", "draft", "draft-plain")
+SMALL_MODEL_PLAIN = "draft-plain"  # the variant that decodes the draft model itself, plainly
+VARIANTS = ("plain", "ngram-simple", "ngram-mod", "draft", SMALL_MODEL_PLAIN)
 START_TIMEOUT_S = 300.0
 
 
@@ -62,14 +63,14 @@ class Variant:
 
     def model(self, gguf: Path, draft_gguf: Path | None) -> Path:
         """The GGUF the server decodes: the target's, or the draft model's for draft-plain."""
-        if self.name != "draft-plain":
+        if self.name != SMALL_MODEL_PLAIN:
             return gguf
         if draft_gguf is None:
             raise ValueError("the draft-plain variant needs a draft model (--draft) with a GGUF file")
         return draft_gguf
 
     def flags(self, draft_gguf: Path | None) -> list[str]:
-        if self.name in ("plain", "draft-plain"):
+        if self.name in ("plain", SMALL_MODEL_PLAIN):
             return []
         if self.name in ("ngram-simple", "ngram-mod"):
             return ["--spec-type", self.name]

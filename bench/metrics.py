@@ -7,6 +7,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
+from bench.llama_server import SMALL_MODEL_PLAIN
+
 REFERENCE_MODE = "hf-plain"
 # The non-speculative run of the same implementation: what a mode would do with drafting off.
 FAMILY_PLAIN = {
@@ -21,7 +23,6 @@ ENGINE_MODES = ("none", "lookup", "model", "auto")
 LLAMACPP_MODES = ("llamacpp-plain", "llamacpp-lookup")
 REMOTE_MODES = ("remote",)
 LLAMA_SERVER = "llama-server"  # rows llama-server@VARIANT (bench/llama_server.py)
-SMALL_MODEL_PLAIN = "draft-plain"  # the variant that decodes the draft model itself, plainly
 ALL_MODES = HF_MODES + ENGINE_MODES + LLAMACPP_MODES + REMOTE_MODES + (LLAMA_SERVER,)
 # Decode speed of a case that produced fewer tokens after the first one is mostly timer noise.
 MIN_DECODE_TOKENS = 4
