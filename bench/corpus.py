@@ -296,6 +296,12 @@ def _positions(lines: list[str], kind: str, language: str) -> list[_Position]:
     return out
 
 
+def statement_starts(text: str, language: str) -> list[tuple[int, int]]:
+    """(0-based line, column) of the first character of each indented code line of `text` (its
+    ``line_start`` cursors), prose and comments left out."""
+    return [(p.line, p.column) for p in _positions(text.split("\n"), "line_start", language)]
+
+
 def hash_free_index(a: int, b: int) -> int:
     """A stable small number from two ints (Python's hash() of str is salted per process)."""
     return (a * 1_000_003 + b * 7_919) & 0xFFFF

@@ -31,10 +31,14 @@ from typing import Callable, Sequence
 
 from bench.corpus import Case
 from bench.hf_baselines import GenerateTiming, cut_at_end
-from bench.llama_server import SMALL_MODEL_PLAIN, LlamaServerProcess, find_llama_server, timing_from_server
+from bench.llama_server import (
+    PLAIN_ON, SMALL_MODEL_PLAIN, LlamaServerProcess, Variant, find_llama_quantize, find_llama_server, gguf_file_type,
+    requantized_gguf, timing_from_server,
+)
 from bench.metrics import (
     ALL_MODES, ENGINE_MODES, HF_MODES, LLAMA_SERVER, LLAMACPP_MODES, RunRecord, check_goals, draft_model_verdict, median,
-    paired_difference, percentile, quality_summary, remote_key, split_key, summarize,
+    completion_quality, cursor_kind, paired_difference, percentile, prompt_reading, quality_summary, remote_key,
+    split_key, summarize,
 )
 from decoding.healing import Constraint, without_healed
 from decoding.remote.backends import SPECULATION_COUNTERS
@@ -50,8 +54,11 @@ TIMING_METHOD = (
     "step accepted past it are not counted. An inference server's rows (remote@...) take prefill and "
     "decode times and token counts from the server's /metrics where it has them (vLLM), else from "
     "its stream as it arrives; llama-server's rows (llama-server@...) from its own timings (tokens after "
-    "the first over its predicted_ms, prefill its prompt_ms). End-to-end latency is wall time around one "
-    "request; every request starts cold (no KV cache kept from earlier requests; llama-server's slot is "
+    "the first over its predicted_ms, prefill its prompt_ms). Prompt reading is the prompt tokens a row read "
+    "in its prefill time over that time: for the engine the prompt less the tail its first verify forward "
+    "reads (one token on int8 and int4), for llama-server its prompt_n, which is what its own /infill "
+    "prompt held less what its slot had cached (nothing: the slot is erased). End-to-end latency is wall time "
+    "around one request; every request starts cold (no KV cache kept from earlier requests; llama-server's slot is "
     "erased before each, though its ngram-mod pool lives on across requests)."
 )
 
@@ -85,6 +92,10 @@ class BenchSettings:
     # the binary (None: found on PATH or beside this Python)
     llama_server: Sequence = ()
     llama_server_binary: str | None = None
+    # llama.cpp's formats the plain variant also runs on, requantized from the target's GGUF by
+    # llama-quantize (None: found on PATH or beside this Python)
+    llama_server_quants: Sequence[str] = ()
+    llama_quantize_binary: str | None = None
 
 
 @dataclass
@@ -143,6 +154,16 @@ def engine_useful_tokens(result) -> int:
     forward's work too, and `generate` counts it."""
     s = result.stats
     return s.generated_tokens + (1 if s.stopped == "eos" else 0)
+
+
+def engine_prefill_tokens(engine, record: RunRecord) -> int:
+    """The prompt tokens the engine read within its prefill_ms: the prompt less what its cache held,
+    less the tail the first verify forward reads with the first draft (as Runner.sync leaves them:
+    one token on the static forward, up to 16 on llama.cpp's runner)."""
+    runner = getattr(getattr(engine, "models", None), "target_runner", None)
+    tail = getattr(runner, "prompt_tail", 1)
+    keep = min(record.reused_prompt_tokens, record.prompt_tokens - 1)
+    return max(0, record.prompt_tokens - keep - max(1, min(tail, record.prompt_tokens - keep)))
 
 
 def run_engine_mode(engine, case: Case, mode: str, max_tokens: int, document: str) -> RunRecord:
@@ -215,7 +236,8 @@ class Bench:
         self.llama_note: str | None = None
         self.remotes: dict = {}  # row key -> remote engine, loaded when the `remote` mode is planned
         self.llama_servers: dict = {}  # row key -> the llama-server process it asks (LlamaServerProcess)
-        self.llama_server_info: dict | None = None  # which binary, threads and flags those rows ran
+        self.llama_server_info: dict | None = None  # which binary, threads, flags and GGUF formats those rows ran
+        self.kernels: dict = {}  # weight format -> what ran the engine's rows (Engine.info()'s kernel)
         self.tag = f"{os.getpid()}-{int(time.time())}"
 
     # ---- which modes can run ----------------------------------------------------------------
@@ -275,9 +297,10 @@ class Bench:
 
     def _start_llama_servers(self) -> list[str]:
         """One llama-server per --llama-server variant on the target's GGUF (draft-plain: the draft
-        model's), each a remote engine on its /infill; the rows that can run. A variant that cannot is
-        a skipped row, with why."""
-        from decoding.models.loading import gguf_file
+        model's), and with --llama-server-quants a plain one on each other format, requantized from that
+        GGUF; each a remote engine on its /infill; the rows that can run. A row that cannot is a skipped
+        row, with why."""
+        from decoding.models.checkpoint import gguf_file
 
         if not self.s.llama_server:
             self.result.skipped[LLAMA_SERVER] = "no --llama-server LIST given (e.g. plain,ngram-mod)"
@@ -288,8 +311,9 @@ class Bench:
         draft_gguf = gguf_file(config.draft) if config.draft and config.draft != "none" else None
         rows = []
         threads = self.s.llamacpp_threads or os.cpu_count() or 1
+        shipped = gguf_file_type(gguf) if gguf is not None else None  # read from the file, not assumed
         self.llama_server_info = {"binary": binary and os.path.basename(binary), "gguf": gguf and gguf.name,
-                                  "threads": threads, "variants": {}}
+                                  "gguf_type": shipped, "threads": threads, "variants": {}, "formats": {}}
         for variant in self.s.llama_server:
             key = f"{LLAMA_SERVER}@{variant.label}"
             if binary is None:
@@ -303,26 +327,69 @@ class Bench:
             except ValueError as exc:
                 self.result.skipped[key] = str(exc)
                 continue
-            server = LlamaServerProcess(binary, model, flags, threads,
-                                        ctx_size=max(4096, 2 * config.context_tokens + self.s.max_tokens))
-            self.llama_servers[key] = server  # from here on close() stops it, whatever happens
-            try:
-                url = server.start()
-            except RuntimeError as exc:
-                self.result.skipped[key] = str(exc)
-                del self.llama_servers[key]
-                continue
-            # the deadline of a cold prompt read on a slow CPU, not an editor's
-            why = self._load_remote(key, f"llamacpp:{url}#?timeout=600")
-            if why:
-                self.llama_servers.pop(key).stop()
-                self.result.skipped[key] = why
-                continue
             # files by name: a JSON kept in the repository names no machine's folders
             shown = [Path(f).name if draft_gguf is not None and f == str(draft_gguf) else f for f in flags]
-            self.llama_server_info["variants"][key] = shown if model == gguf else ["-m", model.name, *shown]
-            rows.append(key)
+            if self._start_llama_server(key, binary, model, flags, threads,
+                                        shown if model == gguf else ["-m", model.name, *shown]):
+                self.llama_server_info["formats"][key] = {"type": shipped if model == gguf else gguf_file_type(model),
+                                                          "requantized": False}
+                rows.append(key)
+        return rows + self._start_requantized_servers(binary, gguf, shipped, threads)
+
+    def _start_requantized_servers(self, binary: str | None, gguf: Path | None, shipped: str | None,
+                                   threads: int) -> list[str]:
+        """--llama-server-quants: the plain variant on each listed format but the shipped file's (that
+        row is `llama-server@plain`), requantized from the shipped file once (bench/llama_server.py)."""
+        quants = [q for q in self.s.llama_server_quants if q != shipped]
+        if not quants or Variant("plain") not in self.s.llama_server:
+            return []
+        quantize = find_llama_quantize(self.s.llama_quantize_binary)
+        rows = []
+        for quant in quants:
+            key = f"{LLAMA_SERVER}@{PLAIN_ON}{quant}"
+            if binary is None:
+                self.result.skipped[key] = "no llama-server binary (make setup-llama-server, or --llama-server-binary)"
+                continue
+            if gguf is None:
+                self.result.skipped[key] = f"no GGUF file for target {self.target_spec}"
+                continue
+            if quantize is None:
+                self.result.skipped[key] = "no llama-quantize binary to make it (make setup-llama-quantize)"
+                continue
+            print(f"draftwise bench: {gguf.name} as {quant} (llama-quantize, once)", file=sys.stderr)
+            try:
+                model = requantized_gguf(gguf, quant, quantize, threads)
+            except RuntimeError as exc:
+                self.result.skipped[key] = str(exc)
+                continue
+            if self._start_llama_server(key, binary, model, [], threads, ["-m", model.name]):
+                self.llama_server_info["formats"][key] = {"type": gguf_file_type(model), "requantized": True,
+                                                          "from": shipped or gguf.name}
+                rows.append(key)
         return rows
+
+    def _start_llama_server(self, key: str, binary: str, model: Path, flags: list[str], threads: int,
+                            shown: list[str]) -> bool:
+        """Start one llama-server on `model` and a remote engine on it, for row `key`; False (the row
+        skipped, with why) if either fails. shown: its flags as the JSON keeps them."""
+        config = self.engine.config
+        server = LlamaServerProcess(binary, model, flags, threads,
+                                    ctx_size=max(4096, 2 * config.context_tokens + self.s.max_tokens))
+        self.llama_servers[key] = server  # from here on close() stops it, whatever happens
+        try:
+            url = server.start()
+        except RuntimeError as exc:
+            self.result.skipped[key] = str(exc)
+            del self.llama_servers[key]
+            return False
+        # the deadline of a cold prompt read on a slow CPU, not an editor's
+        why = self._load_remote(key, f"llamacpp:{url}#?timeout=600")
+        if why:
+            self.llama_servers.pop(key).stop()
+            self.result.skipped[key] = why
+            return False
+        self.llama_server_info["variants"][key] = shown
+        return True
 
     def _load_remote(self, key: str, target: str) -> str | None:
         from dataclasses import replace
@@ -333,7 +400,7 @@ class Bench:
             return f"--remote {target} is not openai:URL#MODEL or llamacpp:URL"
         engine = None
         try:
-            from decoding.remote.engine import Engine as RemoteEngine
+            from decoding.remote.engine import RemoteEngine
 
             engine = RemoteEngine(replace(self.engine.config, target=target, max_tokens=self.s.max_tokens))
             engine.load()
@@ -371,6 +438,7 @@ class Bench:
                 rec = run_engine_mode(self.engines[fmt], case, mode, self.s.max_tokens,
                                       f"bench://{self.tag}/{run}/{key}/{case.id}")
                 rec.mode = key
+                rec.prefill_tokens = engine_prefill_tokens(self.engines[fmt], rec)
                 return rec.score(case.expected)
             request = _request(case, "none", "bench://prompt", self.s.max_tokens)
             healed = e.models.prompt_parts(request).healed
@@ -423,7 +491,8 @@ class Bench:
         server = (engine.stats().get("last") or {}).get("server") or {}
         mode, variant = split_key(key)
         if mode == LLAMA_SERVER:
-            timed = timing_from_server(server, variant not in ("plain", SMALL_MODEL_PLAIN))
+            speculative = variant not in ("plain", SMALL_MODEL_PLAIN) and not variant.startswith(PLAIN_ON)
+            timed = timing_from_server(server, speculative)
             for name, value in (timed or {}).items():  # llama-server's own clock, as vLLM's /metrics above
                 setattr(rec, name, value)
             if timed is None and rec.stopped != "error":  # cut off before its last event: no clock to read
@@ -460,6 +529,9 @@ class Bench:
                     if best is None or (rec.ok and (not best.ok or rec.total_ms < best.total_ms)):
                         best = rec
                 runs.setdefault(mode, {})[case.id] = best
+        # read from the engines that ran the rows: a kernel that did not build here leaves torch's code
+        # running, and the label says which
+        self.kernels = {fmt: engine.info().get("kernel") for fmt, engine in self.engines.items() if engine is not None}
 
     # ---- quality --------------------------------------------------------------------------------
     def run_quality(self, modes: Sequence[str]) -> None:
@@ -703,10 +775,18 @@ def build_report_data(bench: Bench, modes_order: Sequence[str], config: dict) ->
     res = bench.result
     modes = [m for m in modes_order if m in res.runs] + [m for m in res.runs if m not in modes_order]
     summary = summarize(res.runs, modes)
+    formats = (bench.llama_server_info or {}).get("formats", {})
+    for key, s in summary.items():
+        mode, fmt = split_key(key)
+        if mode in ENGINE_MODES and fmt in bench.kernels:
+            s["kernel"] = bench.kernels[fmt]
+        elif key in formats:  # the GGUF format llama-server read, and whether the bench requantized it
+            s["gguf"] = formats[key]
     quality = bench.quality()
     primary = next(iter(bench.engines))
     return {
         "modes": summary,
+        "prompt_reading": prompt_reading(summary),
         "quality": quality,
         "typing": res.typing,
         "cancel": res.cancel,
@@ -714,7 +794,9 @@ def build_report_data(bench: Bench, modes_order: Sequence[str], config: dict) ->
         "goals": check_goals(summary, res.typing, res.cancel, quality=quality, weights=primary,
                              llama_goal=bench.s.llama_goal, serve_rss=config.get("serve_rss_mib")),
         "skipped_modes": res.skipped,
-        "config": {**config, "llama_server": bench.llama_server_info, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "config": {**config, "llama_server": bench.llama_server_info,
+                   "kernels": {fmt or "engine": kernel for fmt, kernel in bench.kernels.items()},
+                   "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                    "machine": machine_info(), "timing_method": TIMING_METHOD},
         "cases": [c.to_dict() for c in bench.cases],
         "quality_cases": [c.to_dict() for c in bench.quality_cases],
@@ -752,10 +834,14 @@ def quality_table(records: dict[str, dict[str, RunRecord]], fp32: dict[str, RunR
             q["versus_fp32" if gate else "versus"] = paired
             if gate:
                 q["passes_gate"] = paired["ci95"][1] >= -MAX_DROP_POINTS
+            for kind, per_kind in q.get("by_kind", {}).items():  # the same pairing, one cursor kind's cases
+                mine = {c: r for c, r in records[fmt].items() if cursor_kind(r) == kind}
+                per_kind["versus"] = paired_difference(mine, against)
     return {"max_drop_points": MAX_DROP_POINTS, "formats": table, "versus": versus,
             "cases": max((q["quality_cases"] for q in table.values()), default=0),
             "method": "first line of the raw completion equal to the removed code's first line (trailing "
-                      "spaces aside); similarity: difflib ratio over as many lines as were removed; "
+                      "spaces aside; where the removed code starts with a line break, its lines up to the first "
+                      "with code); similarity: difflib ratio over as many lines as were removed; "
                       f"versus {versus}: paired difference with a 95% bootstrap interval and McNemar's exact test"}
 
 
@@ -771,11 +857,14 @@ def merge_quality_runs(paths: Sequence[str], versus: str | None = None) -> dict:
     once (the first file's record). Runs of one model give the gate's table (each format against fp32).
     Runs of several models (the same cases, `--quality-reference`) compare the models: rows are
     `MODEL@FORMAT`, each paired with the `versus` row (default: the first file's model at fp32).
-    Raises ValueError when the runs cannot be pooled."""
+    A path given as `PATH=LABEL` puts its records in rows of their own, `ROW/LABEL` (the same model
+    before and after a change). Every record is scored again against its case's removed code, so runs
+    scored by an older rule compare with today's. Raises ValueError when the runs cannot be pooled."""
     merged: dict[str, dict[str, RunRecord]] = {}
     runs, languages = [], {}
     settings = ("max_tokens", "context_tokens")
-    loaded = [(path, json.loads(Path(path).read_text())) for path in paths]
+    labels = {path.split("=", 1)[0]: (path.split("=", 1)[1] if "=" in path else "") for path in paths}
+    loaded = [(path, json.loads(Path(path).read_text())) for path in labels]
     if not loaded:
         raise ValueError("no files given")
     targets = list(dict.fromkeys(data.get("config", {}).get("target") for _, data in loaded))
@@ -790,8 +879,11 @@ def merge_quality_runs(paths: Sequence[str], versus: str | None = None) -> dict:
         elif mine != first[1]:
             differ = ", ".join(f"{k} {first[1][k]} against {mine[k]}" for k in settings if mine[k] != first[1][k])
             raise ValueError(f"{path} was run with other settings than {first[0]}: {differ}")
-        row = (lambda fmt: fmt) if len(targets) == 1 else (lambda fmt, t=config.get("target"): f"{t}@{fmt}")
+        label = f"/{labels[path]}" if labels[path] else ""
+        row = (lambda fmt, label=label: fmt + label) if len(targets) == 1 else \
+            (lambda fmt, t=config.get("target"), label=label: f"{t}@{fmt}{label}")
         listed = {c["id"]: c["language"] for c in data.get("cases", []) + data.get("quality_cases", [])}
+        expected = {c["id"]: c["expected"] for c in data.get("cases", []) + data.get("quality_cases", []) if "expected" in c}
         per_format: dict[str, list[dict]] = {}
         for key, rows in data.get("runs", {}).items():
             if key == "llamacpp-plain":
@@ -806,6 +898,8 @@ def merge_quality_runs(paths: Sequence[str], versus: str | None = None) -> dict:
         for fmt, rows in per_format.items():
             into = merged.setdefault(row(fmt), {})
             for case_id, record in _records(rows).items():
+                if case_id in expected and record.ok:
+                    record.first_line_exact, record.similarity = completion_quality(record.text, expected[case_id])
                 if case_id not in into:
                     into[case_id] = record
                     languages.setdefault(case_id, listed.get(case_id, case_id.split(":", 1)[0]))

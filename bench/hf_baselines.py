@@ -93,7 +93,7 @@ def generate_timed(model, prompt_ids: Sequence[int], max_new_tokens: int, end_id
                    assistant_model=None, prompt_lookup_num_tokens: int | None = None,
                    healing=None) -> GenerateTiming:
     """Greedy `model.generate` on one prompt, with timings. Only one of the two drafting options.
-    healing: a decoding.healing.Constraint on the first token, as the engine applies it."""
+    healing: a decoding.healing.Constraint on the first tokens, as the engine applies it."""
     import torch
     from transformers import GenerationConfig, LogitsProcessorList
 

@@ -18,7 +18,15 @@ Variants (llama.cpp's own names and defaults):
 Timing comes from the server's own `timings` in its last event: `predicted_ms` runs from the end of
 the prompt's read (which yields the first token) to the last token, so the row's decode speed is
 `(predicted_n - 1) / predicted_ms`, the engine's rule (tokens after the first over the time from the
-first to the last); its drafted and accepted tokens are `draft_n` and `draft_n_accepted`.
+first to the last); its drafted and accepted tokens are `draft_n` and `draft_n_accepted`. Its prompt
+reading is `prompt_n` tokens (those its slot had not cached) in `prompt_ms`.
+
+`--llama-server-quants q4_0,q8_0` also runs the plain variant on llama.cpp's other formats: the GGUF
+requantized by llama.cpp's own `llama-quantize --allow-requantize` (`make setup-llama-quantize`), made
+once into $DRAFTWISE_HOME/gguf. Rows `llama-server@plain:q4_0`; the shipped file's stays
+`llama-server@plain`. A requantized file is made from the shipped Q4_K_M, not from the model's
+16-bit weights: its speed is that format's, its text may be a little worse than a Q4_0 or Q8_0 made
+from 16 bits.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import http.client
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -43,12 +52,22 @@ START_TIMEOUT_S = 300.0
 def find_llama_server(explicit: str | None = None) -> str | None:
     """The llama-server binary: the one given, else on PATH, else next to this Python (a virtual
     environment's bin folder, where `make setup-llama-server` puts it)."""
+    return _find_binary("llama-server", explicit)
+
+
+def find_llama_quantize(explicit: str | None = None) -> str | None:
+    """llama.cpp's llama-quantize, found as llama-server is (`make setup-llama-quantize` puts it beside
+    this Python)."""
+    return _find_binary("llama-quantize", explicit)
+
+
+def _find_binary(name: str, explicit: str | None) -> str | None:
     if explicit:
         return explicit if Path(explicit).is_file() else None
-    found = shutil.which("llama-server")
+    found = shutil.which(name)
     if found:
         return found
-    beside = Path(sys.executable).with_name("llama-server")
+    beside = Path(sys.executable).with_name(name)
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
 
 
@@ -93,6 +112,109 @@ def parse_variants(text: str | None) -> tuple[Variant, ...]:
         if v not in out:
             out.append(v)
     return tuple(out)
+
+
+# llama.cpp's formats the plain variant may also run on, each with its number in a GGUF header's
+# general.file_type (llama_ftype); llama-quantize takes the name upper-cased.
+QUANT_TYPES = {"q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q3_k_m": 12, "q4_k_s": 14, "q4_k_m": 15,
+               "q5_k_s": 16, "q5_k_m": 17, "q6_k": 18}
+QUANTIZE_TIMEOUT_S = 1800.0  # far beyond what the presets take; a hung llama-quantize is not waited on forever
+PLAIN_ON = "plain:"  # a plain row on a requantized GGUF: `llama-server@plain:q4_0`
+
+
+def parse_quants(text: str | None) -> tuple[str, ...]:
+    """`q4_k_m, Q4_0` -> ('q4_k_m', 'q4_0'), in order, without repeats; ValueError on an unknown one."""
+    out: list[str] = []
+    for item in filter(None, (p.strip().lower() for p in (text or "").split(","))):
+        if item not in QUANT_TYPES:
+            raise ValueError(f"--llama-server-quants: {item!r} is not one of {', '.join(QUANT_TYPES)}")
+        if item not in out:
+            out.append(item)
+    return tuple(out)
+
+
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_file_type(path: Path) -> str | None:
+    """The format a GGUF file says it holds (general.file_type in its header, which llama-quantize
+    writes): a name of QUANT_TYPES, `type N` for another, None for a file that is not GGUF (v2 or later)
+    or does not say. Reads the header only, up to that key."""
+    names = {number: name for name, number in QUANT_TYPES.items()}
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return None
+            version, _tensors, kv_count = struct.unpack("<IQQ", f.read(20))
+            if version < 2:  # v1 counted in 32 bits; no model of this project is that old
+                return None
+            for _ in range(kv_count):
+                key = _gguf_string(f)
+                (kind,) = struct.unpack("<I", f.read(4))
+                if key == "general.file_type" and kind in (4, 5):
+                    (number,) = struct.unpack("<I" if kind == 4 else "<i", f.read(4))
+                    return names.get(number, f"type {number}")
+                _skip_gguf_value(f, kind)
+    except (OSError, struct.error, UnicodeDecodeError, ValueError):
+        return None
+    return None
+
+
+def _gguf_string(f) -> str:
+    (n,) = struct.unpack("<Q", f.read(8))
+    raw = f.read(n)
+    if len(raw) != n:
+        raise ValueError("GGUF header cut short")
+    return raw.decode("utf-8")
+
+
+def _skip_gguf_value(f, kind: int) -> None:
+    if kind == _GGUF_STRING:
+        (n,) = struct.unpack("<Q", f.read(8))
+        f.seek(n, os.SEEK_CUR)
+    elif kind == _GGUF_ARRAY:
+        item, count = struct.unpack("<IQ", f.read(12))
+        if item in _GGUF_SCALAR_BYTES:
+            f.seek(count * _GGUF_SCALAR_BYTES[item], os.SEEK_CUR)
+        else:  # strings (a tokenizer's vocabulary) or nested arrays: one at a time
+            for _ in range(count):
+                _skip_gguf_value(f, item)
+    elif kind in _GGUF_SCALAR_BYTES:
+        f.seek(_GGUF_SCALAR_BYTES[kind], os.SEEK_CUR)
+    else:
+        raise ValueError(f"GGUF value of unknown type {kind}")
+
+
+def requantized_gguf(source: Path, quant: str, binary: str, threads: int | None = None,
+                     home: Path | None = None) -> Path:
+    """`source` requantized to llama.cpp's format `quant` by llama-quantize, kept as
+    $DRAFTWISE_HOME/gguf/<source's name>-<quant>.gguf and made only when missing or older than `source`
+    (a preset pulled again). Written under a temporary name and renamed once whole, so an interrupted
+    or failed run never leaves a file that looks made; what was made must say in its header that it is
+    `quant`. RuntimeError with llama-quantize's last lines when it fails."""
+    from decoding.home.paths import atomic_target, draftwise_home
+
+    out = (home or draftwise_home()) / "gguf" / f"{source.stem}-{quant}.gguf"
+    try:
+        if out.stat().st_mtime >= source.stat().st_mtime and gguf_file_type(out) == quant:
+            return out
+    except OSError:
+        pass
+    with atomic_target(out) as tmp:
+        command = [binary, "--allow-requantize", str(source), str(tmp), quant.upper(), str(threads or os.cpu_count() or 1)]
+        try:
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, errors="replace",
+                                  timeout=QUANTIZE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RuntimeError(f"llama-quantize did not run: {exc}") from None
+        if done.returncode != 0:
+            tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:]) or "no output"
+            raise RuntimeError(f"llama-quantize failed to make {quant} (exit status {done.returncode}): {tail}")
+        made = gguf_file_type(tmp)
+        if made != quant:
+            raise RuntimeError(f"llama-quantize was asked for {quant} and wrote {made or 'no GGUF file'}")
+    return out
 
 
 class LlamaServerProcess:
@@ -191,8 +313,8 @@ def stop_process(process: subprocess.Popen | None, wait_s: float = 30) -> None:
 
 def timing_from_server(server: dict, speculative: bool) -> dict | None:
     """The record fields the server's own timings give (None where it sent none): decode tokens and
-    ms, prefill ms, forwards after the first token, drafted and accepted tokens (the server leaves
-    them out when it drafted nothing)."""
+    ms, prefill ms and the prompt tokens it read in them (None where it does not say), forwards after
+    the first token, drafted and accepted tokens (the server leaves them out when it drafted nothing)."""
     predicted_n, predicted_ms = server.get("predicted_n"), server.get("predicted_ms")
     if not predicted_n or predicted_ms is None:
         return None
@@ -203,6 +325,8 @@ def timing_from_server(server: dict, speculative: bool) -> dict | None:
         "decode_tokens": decode_tokens, "decode_ms": float(predicted_ms),
         "prefill_ms": float(server.get("prompt_ms") or 0.0),
         "reused_prompt_tokens": int(server.get("cache_n") or 0),  # prompt tokens its slot had cached
+        # what prompt_ms read: the prompt less what its slot had cached
+        "prefill_tokens": int(server["prompt_n"]) if server.get("prompt_n") is not None else None,
         "drafted_tokens": drafted if speculative else None,
         "accepted_tokens": accepted if speculative else None,
         # one forward a token after the first, less those its speculation got free

@@ -40,8 +40,8 @@ def version() -> str | None:
 
 
 def gguf_for(target_spec: str) -> Path | None:
-    """The GGUF file of the target (see decoding.models.loading.gguf_file)."""
-    from decoding.models.loading import gguf_file
+    """The GGUF file of the target (see decoding.models.checkpoint.gguf_file)."""
+    from decoding.models.checkpoint import gguf_file
 
     return gguf_file(target_spec)
 

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping, Sequence
 
-from bench.llama_server import SMALL_MODEL_PLAIN
+from bench.llama_server import PLAIN_ON, SMALL_MODEL_PLAIN
 
 REFERENCE_MODE = "hf-plain"
 # The non-speculative run of the same implementation: what a mode would do with drafting off.
@@ -26,6 +26,8 @@ LLAMA_SERVER = "llama-server"  # rows llama-server@VARIANT (bench/llama_server.p
 ALL_MODES = HF_MODES + ENGINE_MODES + LLAMACPP_MODES + REMOTE_MODES + (LLAMA_SERVER,)
 # Decode speed of a case that produced fewer tokens after the first one is mostly timer noise.
 MIN_DECODE_TOKENS = 4
+# Prompt reading of fewer tokens is mostly the fixed cost of a forward, not the speed of reading.
+MIN_PREFILL_TOKENS = 32
 
 
 def split_key(key: str) -> tuple[str, str | None]:
@@ -45,8 +47,8 @@ def family_plain(key: str) -> str:
     mode, fmt = split_key(key)
     if mode == "remote":
         return remote_key((fmt or "").split("+", 1)[0])
-    if mode == LLAMA_SERVER:  # draft-plain decodes another model: its own plain row
-        return key if fmt == SMALL_MODEL_PLAIN else FAMILY_PLAIN[LLAMA_SERVER]
+    if mode == LLAMA_SERVER:  # draft-plain decodes another model, plain:q4_0 another file: their own plain rows
+        return key if fmt == SMALL_MODEL_PLAIN or (fmt or "").startswith(PLAIN_ON) else FAMILY_PLAIN[LLAMA_SERVER]
     plain = FAMILY_PLAIN.get(mode, REFERENCE_MODE)
     return f"{plain}@{fmt}" if fmt and plain in ENGINE_MODES else plain
 
@@ -57,14 +59,16 @@ def first_line(text: str) -> str:
 
 def completion_quality(text: str, expected: str) -> tuple[bool, float]:
     """How close a completion is to the code that was removed from the file: whether its first line
-    is exactly the removed first line (trailing spaces aside), and a character-level similarity
-    (difflib's ratio, 0..1) of the completion cut to as many lines as the removed code has, since a
-    raw completion runs on past the removed region. Trailing spaces on a line never count."""
+    is exactly the removed first line (trailing spaces aside; at the end of a line, where the removed
+    code starts with a line break, its lines up to the first that is not blank), and a character-level
+    similarity (difflib's ratio, 0..1) of the completion cut to as many lines as the removed code has,
+    since a raw completion runs on past the removed region. Trailing spaces on a line never count."""
     import difflib
 
     want = [line.rstrip() for line in expected.split("\n")]
     got = [line.rstrip() for line in text.split("\n")[:len(want)]]
-    exact = bool(want[0].strip()) and got[0] == want[0]
+    first = next((i for i, line in enumerate(want) if line.strip()), None)
+    exact = first is not None and got[:first + 1] == want[:first + 1]
     return exact, difflib.SequenceMatcher(None, "\n".join(got), "\n".join(want), autojunk=False).ratio()
 
 
@@ -81,6 +85,9 @@ class RunRecord:
     generated_tokens: int = 0  # all new tokens, end-of-text excluded
     decode_tokens: int = 0  # generated after the first token, i.e. in decode_ms
     prefill_ms: float = 0.0
+    # prompt tokens read within prefill_ms; None: prompt_tokens less reused_prompt_tokens (set where a
+    # row's prefill leaves some unread, as the engine's does, or its server counts them itself)
+    prefill_tokens: int | None = None
     first_token_ms: float = 0.0  # request start to the first generated token
     decode_ms: float = 0.0  # first generated token to the last
     total_ms: float = 0.0  # request start to result: what the user waits
@@ -109,10 +116,27 @@ class RunRecord:
             return None
         return self.decode_tokens / (self.decode_ms / 1000.0)
 
+    @property
+    def prompt_read_tokens(self) -> int:
+        """Prompt tokens this run read in its prefill: none of them found in a cache."""
+        if self.prefill_tokens is not None:
+            return self.prefill_tokens
+        return max(0, self.prompt_tokens - self.reused_prompt_tokens)
+
+    @property
+    def prompt_read_tok_s(self) -> float | None:
+        """Prompt reading speed: tokens read per second of prefill."""
+        tokens = self.prompt_read_tokens
+        if not self.ok or tokens < MIN_PREFILL_TOKENS or self.prefill_ms <= 0:
+            return None
+        return tokens / (self.prefill_ms / 1000.0)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         rate = self.decode_tok_s
         d["decode_tok_s"] = round(rate, 3) if rate is not None else None
+        reading = self.prompt_read_tok_s
+        d["prompt_read_tok_s"] = round(reading, 1) if reading is not None else None
         for k in ("prefill_ms", "first_token_ms", "decode_ms", "total_ms"):
             d[k] = round(d[k], 1)
         return d
@@ -201,6 +225,8 @@ def summarize_mode(mode: str, runs: Mapping[str, Mapping[str, RunRecord]]) -> di
         "tokens_per_forward": _round(_ratio(sum(r.decode_tokens for r in ok), sum(r.target_forwards for r in ok))),
         "ttft_ms": _round(median(r.first_token_ms for r in ok), 1),
         "prefill_ms": _round(median(r.prefill_ms for r in ok), 1),
+        "prompt_read_tok_s": _round(median(r.prompt_read_tok_s for r in ok), 1),
+        "prompt_read_tokens_median": _round(median(r.prompt_read_tokens for r in ok if r.prompt_read_tok_s), 1),
         "p50_ms": _round(percentile(totals, 50), 1),
         "p95_ms": _round(percentile(totals, 95), 1),
         "generated_tokens": sum(r.generated_tokens for r in ok),
@@ -215,14 +241,31 @@ def summarize_mode(mode: str, runs: Mapping[str, Mapping[str, RunRecord]]) -> di
     }
 
 
-def quality_summary(records: Iterable[RunRecord]) -> dict:
-    """first_line_exact in percent of scored cases, similarity as a mean (0..1), with the count."""
+def quality_summary(records: Iterable[RunRecord], by: bool = True) -> dict:
+    """first_line_exact in percent of scored cases, similarity as a mean (0..1), with the count; by
+    cursor kind and by language too."""
     scored = [r for r in records if r.first_line_exact is not None]
     if not scored:
         return {"first_line_exact": None, "similarity": None, "quality_cases": 0}
-    return {"first_line_exact": _round(100 * sum(r.first_line_exact for r in scored) / len(scored), 1),
-            "similarity": _round(statistics.fmean(r.similarity for r in scored)),
-            "quality_cases": len(scored)}
+    out = {"first_line_exact": _round(100 * sum(r.first_line_exact for r in scored) / len(scored), 1),
+           "similarity": _round(statistics.fmean(r.similarity for r in scored)),
+           "quality_cases": len(scored)}
+    if by:
+        out["by_kind"] = {k: quality_summary(rs, by=False) for k, rs in _grouped(scored, cursor_kind).items()}
+        out["by_language"] = {k: quality_summary(rs, by=False) for k, rs in _grouped(scored, lambda r: r.language).items()}
+    return out
+
+
+def cursor_kind(record: RunRecord) -> str:
+    """The cursor kind a case id ends with (`<language>:<path>:<line>:<kind>`, bench/corpus.py)."""
+    return record.case_id.rsplit(":", 1)[-1]
+
+
+def _grouped(records: Iterable[RunRecord], key) -> dict[str, list[RunRecord]]:
+    out: dict[str, list[RunRecord]] = {}
+    for r in records:
+        out.setdefault(key(r), []).append(r)
+    return dict(sorted(out.items()))
 
 
 def paired_difference(fmt: Mapping[str, RunRecord], reference: Mapping[str, RunRecord], samples: int = 10000,
@@ -308,21 +351,55 @@ def check_goals(summary: Mapping[str, dict], typing: Mapping | None, cancel: Map
     return goals
 
 
-def _llama_server_peers(summary: Mapping[str, dict]) -> list[tuple[str, float | None, str]]:
-    """llama-server rows auto is held against: its plain decoding (the run's llama goal), the
-    fastest of its speculative variants (1.3x) and its plain decoding of the draft model (1.0x)."""
+def llama_server_plain_rows(keys: Iterable[str]) -> list[str]:
+    """llama-server's plain decoding of the target: on the shipped GGUF (`llama-server@plain`) and on
+    each requantized one (`llama-server@plain:q4_0`, --llama-server-quants)."""
     plain = FAMILY_PLAIN[LLAMA_SERVER]
+    return [k for k in keys if k == plain or k.startswith(f"{plain}:")]
+
+
+def llama_server_peer(summary: Mapping[str, dict], key: str = "decode_tok_s") -> str | None:
+    """The llama-server row the engine is held against on `key` (decode_tok_s, prompt_read_tok_s): its
+    plain decoding, or where that ran on several formats the fastest of them on `key` here."""
+    return best_mode(summary, llama_server_plain_rows(summary), key)
+
+
+def _llama_server_peers(summary: Mapping[str, dict]) -> list[tuple[str, float | None, str]]:
+    """llama-server rows auto is held against: its plain decoding (the run's llama goal; of several
+    formats, the fastest), the fastest of its speculative variants (1.3x) and its plain decoding of the
+    draft model (1.0x)."""
     out: list[tuple[str, float | None, str]] = []
-    if summary.get(plain, {}).get("decode_tok_s"):
+    plains = llama_server_plain_rows(summary)
+    plain = llama_server_peer(summary)
+    if plain and len(plains) > 1:
+        out.append((plain, None, f"llama.cpp's fastest plain decoding here, of {', '.join(plains)}"))
+    elif plain:
         out.append((plain, None, "llama.cpp's plain decoding, same GGUF"))
     small = f"{LLAMA_SERVER}@{SMALL_MODEL_PLAIN}"
-    spec = [m for m in summary if split_key(m)[0] == LLAMA_SERVER and m not in (plain, small)]
+    spec = [m for m in summary if split_key(m)[0] == LLAMA_SERVER and m not in plains and m != small]
     best = best_mode(summary, spec)
     if best:
         out.append((best, 1.3, f"the fastest of llama.cpp's speculation: {', '.join(spec)}, same GGUF"))
     if summary.get(small, {}).get("decode_tok_s"):  # the bigger model at the small one's speed
         out.append((small, 1.0, "llama.cpp's plain decoding of the draft model's GGUF"))
     return out
+
+
+def prompt_reading(summary: Mapping[str, dict]) -> dict | None:
+    """Prompt reading per row (tokens read per second of prefill, median case) and the engine's fastest
+    row over llama.cpp's: its plain server row, or the fastest at reading of its formats. None where
+    no row has the speed."""
+    rows = {m: {"prompt_read_tok_s": s["prompt_read_tok_s"], "prompt_read_tokens_median": s.get("prompt_read_tokens_median"),
+                "prefill_ms": s.get("prefill_ms")}
+            for m, s in summary.items() if s.get("prompt_read_tok_s") is not None}
+    if not rows:
+        return None
+    engine = best_mode(summary, [m for m in rows if split_key(m)[0] in ENGINE_MODES], "prompt_read_tok_s")
+    peer = llama_server_peer(summary, "prompt_read_tok_s")
+    for m, row in rows.items():
+        row["over_peer"] = _round(row["prompt_read_tok_s"] / rows[peer]["prompt_read_tok_s"]) if peer else None
+    return {"rows": rows, "engine_best": engine, "peer": peer, "peer_of": llama_server_plain_rows(rows),
+            "engine_over_peer": rows[engine]["over_peer"] if engine and peer else None}
 
 
 def draft_model_verdict(summary: Mapping[str, dict], weights: str | None = None) -> dict | None:

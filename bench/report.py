@@ -58,6 +58,98 @@ def quality_markdown(q: dict) -> list[str]:
         if gate:
             line += " " + ("–" if "passes_gate" not in v else ("pass" if v["passes_gate"] else "**fail**")) + " |"
         lines.append(line)
+    return lines + _quality_by(q, "by_kind", "cursor kind", versus) + _quality_by(q, "by_language", "language", versus)
+
+
+def _quality_by(q: dict, key: str, what: str, versus: str) -> list[str]:
+    """First line exact per cursor kind (with the paired difference from the `versus` row on that kind's
+    cases) or per language, one row per format or model."""
+    groups = list(dict.fromkeys(g for v in q["formats"].values() for g in v.get(key, {})))
+    if not groups:
+        return []
+    lines = ["", f"First line exact by {what}" + (f" (points against {versus}, 95% interval)" if key == "by_kind" else "")
+             + ":", "", "| row | " + " | ".join(groups) + " |", "|---|" + "---:|" * len(groups)]
+    for row, v in q["formats"].items():
+        cells = []
+        for g in groups:
+            part = v.get(key, {}).get(g)
+            if not part:
+                cells.append("–")
+                continue
+            cell = f"{_fmt(part['first_line_exact'], '.1f', '%')} of {part['quality_cases']}"
+            paired = part.get("versus")
+            if paired:
+                cell += f", {paired['difference_points']:+.1f} [{paired['ci95'][0]:+.1f}, {paired['ci95'][1]:+.1f}]"
+            cells.append(cell)
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def runs_on(data: Mapping, key: str) -> str:
+    """What computed a row: the kernel the engine's rows ran (Engine.info()'s), or the GGUF format
+    llama-server read, requantized or as shipped; empty where the run does not say."""
+    s = data.get("modes", {}).get(key, {})
+    if s.get("kernel"):
+        return s["kernel"]
+    f = ((data.get("config", {}).get("llama_server") or {}).get("formats") or {}).get(key)
+    if not f:
+        return ""
+    return f"{f.get('type') or '?'} GGUF" + (f", requantized from {f.get('from')}" if f.get("requantized") else "")
+
+
+def prompt_reading_markdown(data: Mapping) -> list[str]:
+    """Prompt reading per row and the engine's fastest row over llama.cpp's (its plain server row, or
+    the fastest at reading of the formats it ran on)."""
+    pr = data.get("prompt_reading")
+    if not pr:
+        return []
+    peer = pr.get("peer")
+    lines = ["Prompt reading, cold: prompt tokens read per second of prefill (median case; each row counts what "
+             "it read in its prefill: the engine its prompt less the tail its first verify forward reads, "
+             "llama-server the prompt_n of the prompt its /infill built):", "",
+             "| row | runs on | prompt tokens read (median) | prefill ms (median) | prompt reading tok/s | "
+             f"over {peer or 'llama-server@plain'} |", "|---|---|---:|---:|---:|---:|"]
+    for key, row in pr["rows"].items():
+        lines.append(f"| {key} | {runs_on(data, key) or '–'} | {_fmt(row.get('prompt_read_tokens_median'), ',.0f')} | "
+                     f"{_fmt(row.get('prefill_ms'), ',.0f')} | {_fmt(row['prompt_read_tok_s'], ',.1f')} | "
+                     f"{_fmt(row.get('over_peer'), '.2f', '×')} |")
+    engine = pr.get("engine_best")
+    if engine and peer:
+        of = pr.get("peer_of") or [peer]
+        lines += ["", f"`{engine}` reads prompts at **{_fmt(pr['engine_over_peer'], '.2f', '×')}** the speed of "
+                      f"`{peer}` ({runs_on(data, peer) or 'its GGUF'}"
+                      + (f"; llama.cpp's fastest reader here of {', '.join(of)})." if len(of) > 1 else ").")]
+    return lines
+
+
+def peers_markdown(data: Mapping) -> list[str]:
+    """Which of llama-server's plain rows (one per GGUF format, --llama-server-quants) won, for decoding
+    and for prompt reading: the rows the engine's ratios are over."""
+    from bench.metrics import llama_server_peer, llama_server_plain_rows
+
+    modes = data.get("modes", {})
+    plains = llama_server_plain_rows(modes)
+    if len(plains) < 2:
+        return []
+    decode, reading = llama_server_peer(modes), llama_server_peer(modes, "prompt_read_tok_s")
+    won = [f"{what} `{key}` ({runs_on(data, key) or '?'})" for what, key in
+           (("decoding", decode), ("prompt reading", reading)) if key]
+    return ["", f"llama.cpp's fastest plain row on this CPU, of {', '.join(plains)}: " + "; ".join(won)
+            + ". A requantized file is made from the shipped one, not from 16-bit weights: its speed is its "
+              "format's, its text may differ from that format's own."]
+
+
+def cold_start_markdown(cold: Mapping) -> list[str]:
+    """The first suggestion in a just-opened file, per pause between opening and asking."""
+    lines = [f"First suggestion in a just-opened file (`{cold['target']}`, {cold.get('weights')} weights; the editor "
+             + ("says where its cursor rests" if cold.get("cursor_hint") else "sends no cursor hint") + "):", "",
+             "| pause before asking | files | p50 | p95 | prompt tokens (median) | read ahead (median) | "
+             "answered by idle work | prompt reading's share of the wait (requests that read it) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for pause, v in cold["pauses"].items():
+        lines.append(f"| {pause} | {v['runs']} | {_fmt(v['p50_ms'], '.0f', ' ms')} | {_fmt(v['p95_ms'], '.0f', ' ms')} | "
+                     f"{_fmt(v['prompt_tokens_median'], '.0f')} | {_fmt(v['read_ahead_median'], '.0f')} | "
+                     f"{v.get('answered_by_idle_work', 0)} | {_pct(v['prompt_reading_share'])} |")
     return lines
 
 
@@ -91,8 +183,17 @@ def markdown(data: Mapping) -> str:
             f"{_fmt(s['tokens_per_forward'], '.2f')} | {_pct(s.get('identical_rate_vs_family_plain'))} | "
             f"{_fmt(s.get('first_line_exact'), '.0f', '%')} | {_fmt(s.get('similarity'), '.2f')} |"
         )
+    kernels = cfg.get("kernels") or {}
+    if any(kernels.values()):
+        lines += ["", "The engine's rows ran on: " + ", ".join(f"{fmt} `{k}`" for fmt, k in kernels.items() if k) + "."]
+    lines += peers_markdown(data)
+    reading = prompt_reading_markdown(data)
+    if reading:
+        lines += [""] + reading
     if data.get("quality"):
         lines += [""] + quality_markdown(data["quality"])
+    if data.get("config", {}).get("cold_start"):
+        lines += [""] + cold_start_markdown(data["config"]["cold_start"])
     cfg_w = cfg.get("auto_weights")
     if cfg_w:
         lines += ["", f"`--weights auto` chose **{cfg_w}**: {cfg.get('auto_weights_reason')}"]

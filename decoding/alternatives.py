@@ -37,9 +37,9 @@ CANDIDATES_PER_ALTERNATIVE = 4  # first tokens looked at per wanted alternative 
 def generate(models, plan: RequestPlan, greedy_text: str, cancel: CancelToken) -> list[str]:
     """Up to `plan.request.alternatives` texts, each distinct from greedy_text and from each other, best
     first token first. Runs on the engine's worker thread, after the greedy run handed its cache back to
-    the store; the plan's stop rule is reused."""
-    count, prompt, rule = plan.request.alternatives, plan.prompt, plan.rule
-    if count <= 0 or cancel.cancelled or len(prompt) == 0 or rule.max_tokens < 1:
+    the store; the plan's end condition is reused."""
+    count, prompt, end = plan.request.alternatives, plan.prompt, plan.end
+    if count <= 0 or cancel.cancelled or len(prompt) == 0 or end.max_tokens < 1:
         return []
     runner = models.target_runner
     texts: list[str] = []
@@ -48,10 +48,10 @@ def generate(models, plan: RequestPlan, greedy_text: str, cancel: CancelToken) -
     try:
         runner.sync(prompt, cancel)  # normally a crop: the greedy run stored prompt + its suggestion
         first = runner.forward([prompt[-1]])[-1]
-        if plan.healing is not None:  # the first token must write the healed blank
+        if plan.healing is not None:  # the first tokens must write the healed text
             first = limited(first, plan.healing.allowed([]))
         ranked = first.topk(min(first.shape[-1], (count + 1) * CANDIDATES_PER_ALTERNATIVE)).indices.tolist()
-        for token in [t for t in ranked[1:] if t not in rule.end_ids]:
+        for token in [t for t in ranked[1:] if t not in end.end_ids]:
             if len(texts) >= count or cancel.cancelled:
                 break
             runner.crop_to(len(prompt))
@@ -72,21 +72,22 @@ def generate(models, plan: RequestPlan, greedy_text: str, cancel: CancelToken) -
 
 def _continue(models, plan: RequestPlan, token: int, cancel: CancelToken) -> str | None:
     """The text of first token `token` continued greedily; None when cancelled."""
-    decode = plan.rule.decode
+    decode = plan.end.decode
     # The stop rules must see the first token too: decode it with every check.
-    rule = replace(plan.rule, decode=lambda ids: decode([token] + ids), max_tokens=plan.rule.max_tokens - 1)
+    end = replace(plan.end, decode=lambda ids: decode([token] + ids), max_tokens=plan.end.max_tokens - 1)
     seq = list(plan.prompt) + [token]
     scratch = RequestStats(drafter="lookup")  # the greedy request's stats stay about the greedy run
     policy = DraftPolicy(models.drafter_mode("lookup"), models.drafters, models.cost, scratch)
-    policy.begin(seq, replace(plan.request, draft_hint=""), Sampler(0.0), cancel)
+    healing = plan.healing.after([token]) if plan.healing is not None else None  # the rest of the healed text
+    policy.begin(seq, replace(plan.request, draft_hint=""), Sampler(0.0), cancel, healing)
     try:
-        if rule.max_tokens == 0:
-            generated, stop = [], rule.check([])
+        if end.max_tokens == 0:
+            generated, stop = [], end.check([])
         else:
-            generated, stop = speculative_decode(models.target_runner, seq, policy, Sampler(0.0), rule, cancel,
-                                                 scratch)
+            generated, stop = speculative_decode(models.target_runner, seq, policy, Sampler(0.0), end, cancel,
+                                                 scratch, healing)
     finally:
         policy.end()
     if stop.reason == "cancelled":
         return None
-    return stop.text(generated, rule.decode)
+    return stop.text(generated, end.decode)

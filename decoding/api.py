@@ -149,7 +149,9 @@ class CancelToken:
 
 @dataclass
 class EngineConfig:
-    target: str = "qwen2.5-coder-0.5b"  # model spec: preset, HF directory, .gguf file, or hub id
+    # model spec: preset, HF directory, .gguf file, or hub id; "auto": the 1.5B preset where this machine
+    # runs it within the latency goals, else the 0.5B (decoding/setup/target_choice.py)
+    target: str = "auto"
     draft: str | None = None  # model spec of the draft model; None/"none": no draft model
     drafter: str = "auto"  # default drafter mode, one of DRAFTERS
     max_tokens: int = 64
@@ -169,7 +171,7 @@ Progress = Callable[[str, "float | None"], None]  # (message, fraction done or N
 @runtime_checkable
 class CompletionEngine(Protocol):
     """What the LSP server, the CLI and the benchmark may call: the in-process engine
-    (decoding.engine.Engine) and a remote one (decoding.remote.engine.Engine) both implement it, and
+    (decoding.engine.Engine) and a remote one (decoding.remote.engine.RemoteEngine) both implement it, and
     a test checks that their signatures match this one."""
 
     state: str  # "idle" | "loading" | "ready" | "failed"

@@ -1,6 +1,6 @@
 """The engine: loads the models onto one worker thread and runs each submitted request there.
 
-What a request does is in decoding/request.py, what is loaded in decoding/loading/;
+What a request does is in decoding/request.py, what is loaded in decoding/setup/;
 this class ties them to a thread, a per-document job registry and the stats."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from decoding import alternatives
 from decoding.api import DRAFTERS, CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
 from decoding.errors import DraftwiseError, EngineNotReady, ModelLoadError, ModelSpecError, check_request
 from decoding.jobs import Job, JobRegistry, ModelWorker
-from decoding.loading import LoadedModels, Progress, load_models
+from decoding.setup import LoadedModels, Progress, load_models
 from decoding.request import plan_request, read_prompt_ahead, run_request
 
 log = logging.getLogger("draftwise.engine")
@@ -204,7 +204,8 @@ class Engine:
         m = self.models
         t = m.target if m else None
         return {
-            "state": self.state, "error": self.error, "target": self.config.target,
+            "state": self.state, "error": self.error, "target": self.target,
+            "target_choice": m.target_choice.reason if m and m.target_choice else None,
             "target_name": t.name if t else None, "draft": self.config.draft,
             "draft_loaded": bool(m and m.draft), "draft_note": m.draft_note if m else "",
             "drafting_off": m.drafting_off if m else "",
@@ -216,11 +217,26 @@ class Engine:
             "draft_weights": m.draft.weights if m and m.draft else None,
             "kernel": m.kernel if m else None,
             # drafts are verified bit for bit (the exactness probe's widest exact width), or not at all
-            "verify": ({"exact_width": m.target_runner.exact_width, "lossless": m.target_runner.verify_exact}
-                       if m else None),
+            "verify": ({"exact_width": m.target_runner.exact_width, "lossless": m.target_runner.verify_exact,
+                        "exact": getattr(m.target_runner, "exact_how", None)} if m else None),
             "fim_template": m.prompts.template.family if m else None,
+            "repo_context": self._repo_context() if m else None,
             "cost_model": {**m.cost.summary(), **m.draft_costs} if m else None,
         }
+
+    @property
+    def target(self) -> str:
+        """The target model spec: the one `auto` chose once loaded."""
+        m = self.models
+        return m.target_choice.spec if m is not None and m.target_choice is not None else self.config.target
+
+    def _repo_context(self) -> dict:
+        """Whether the repository as context pays for this target (`repoContext: "auto"`)."""
+        from decoding.models.quality_gate import repo_context_verdict
+        from decoding.models.specs import model_key, parse_model_spec
+
+        pays, why = repo_context_verdict(model_key(parse_model_spec(self.target)))
+        return {"pays": pays, "why": why}
 
     def stats(self) -> dict:
         with self._lock:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from decoding.api import CancelToken, CompletionRequest, CompletionResult
 from decoding.errors import DraftwiseError
-from decoding.typing_along import agrees
+from decoding.agreement import agrees
 
 
 class Job:

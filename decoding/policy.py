@@ -24,13 +24,13 @@ class DraftPolicy:
     def begin(self, prompt_ids: list[int], request: CompletionRequest, sampler, cancel: CancelToken,
               healing: Constraint | None = None) -> None:
         """A request starts decoding after prompt_ids; sampler: decoding.sampling.Sampler. healing: the
-        blank the model writes first (decoding/healing.py), which the hint, a completion's text, lacks,
-        and which limits the first token of a draft model's drafts as it limits the target's."""
+        text the model writes first (decoding/healing.py), which the hint, a completion's text, lacks,
+        and which limits a draft model's first tokens as it limits the target's."""
         self.cost.acceptance.new_request()
         healed = healing.healed if healing is not None else ""
         hint = healed + request.draft_hint if request.draft_hint else ""
         ctx = DraftContext(prompt_ids, request.prefix, request.suffix, request.document, sampler, cancel, hint,
-                           healing.allowed([]) if healing is not None else None, tuple(request.lookup_texts))
+                           healing, tuple(request.lookup_texts))
         for d in self.drafters.values():
             d.begin(ctx)
 

@@ -10,9 +10,10 @@ Layout (why it looks like this):
   short: the rest of the cursor's line, at most 32 tokens. On 200 benchmark cases (Qwen2.5-Coder-0.5B,
   Q4) the first line was exactly right in 17.0% of cases with the rest of the line, against 13-14%
   with 16-64 tokens of the lines after.
-- The prefix's last blank (a new line's indentation, the space after `return `) is left out, and
-  the model's first token writes it (decoding/healing.py): a prompt that ends on a blank token made
-  the model indent twice. With that, a new line needs no lines after the cursor either: on 81
+- The end of the prefix that the cursor cuts (its last blank: a new line's indentation, the space
+  after `return `; or its last word: the `s` of `self` being typed) is left out, and the model writes
+  it first (decoding/healing.py): a prompt that ends on a blank token made the model indent twice, one
+  that ends on a cut word made it start a new line. With that, a new line needs no lines after the cursor either: on 81
   line-start cursors of the benchmark corpus (Q4) the first line was exactly right 15 times, against
   7 with the blanks in the prompt and three lines after as the suffix (the layout before); with a
   first form of healing, one or three lines after gave 11 and none 15.
@@ -32,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from decoding.api import ContextFile
-from decoding.healing import BlankHealing, Constraint, is_blank, without_healed
+from decoding.healing import Constraint, Healing, without_healed
 
 PREFIX_CUT_STEP = 32  # lines
 # An upper bound, far above what a token of code holds: text past budget × this many characters can
@@ -163,14 +164,14 @@ class PromptParts:
     prefix_chars_dropped: int  # how much of the prefix did not fit
     suffix_chars_kept: int
     context_files: int  # how many other files made it in
-    healed: str = ""  # the prefix's last blank, left out of ids: the completion must write it first
+    healed: str = ""  # the end of the prefix left out of ids: the completion must write it first
 
-    def constraint(self, healing: BlankHealing) -> Constraint | None:
-        """What the first generated token must write (the healed blank); None where nothing was healed."""
+    def constraint(self, healing: Healing) -> Constraint | None:
+        """What the first generated tokens must write (the healed text); None where nothing was healed."""
         return Constraint(healing, self.healed) if self.healed else None
 
     def completion_text(self, generated_text: str) -> str:
-        """The completion as the user sees it: the generated text without the healed blank it begins with."""
+        """The completion as the user sees it: the generated text without the healed text it begins with."""
         return without_healed(self.healed, generated_text)
 
 
@@ -188,10 +189,15 @@ class PromptBuilder:
                                                self.template.file_sep, self.template.repo_name) if s and s in vocab}
         self.pieces = PieceTokens(tokenizer)
         self.piece_rule = piece_rule(tokenizer)
+        self._healing: Healing | None = None
 
-    def blank_healing(self, vocab_size: int) -> BlankHealing:
-        """How this prompt's trailing blanks are healed: the first token must write them itself."""
-        return BlankHealing(self.tok, vocab_size)
+    @property
+    def healing(self) -> Healing:
+        """Which end of a prefix the model writes itself, and the tokens that may (read once: ~0.2 s for
+        Qwen's 151k tokens)."""
+        if self._healing is None:
+            self._healing = Healing(self.tok)
+        return self._healing
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False) if text else []
@@ -295,17 +301,16 @@ class PromptBuilder:
 
     def build_request(self, request, heal: bool = False) -> PromptParts:
         """A decoding.api.CompletionRequest's prompt (text an editor sent made valid). heal: leave the
-        prefix's last blank out (a local model writes it: decoding/healing.py)."""
+        end the cursor cuts out (a local model writes it: decoding/healing.py)."""
         context = [replace(f, text=valid_text(f.text)) for f in request.context]
         return self.build(valid_text(request.prefix), valid_text(request.suffix), request.path, context,
                           budget=request.context_tokens, heal=heal, repo=valid_text(request.repo),
                           reserve=request.context_reserve_tokens)
 
-    @staticmethod
-    def _healed(prefix: str, heal: bool) -> tuple[str, str]:
-        """The prefix the prompt holds and the blank the model must write first (decoding/healing.py):
-        its last character, when that is a blank."""
-        return (prefix[:-1], prefix[-1]) if heal and is_blank(prefix[-1:]) else (prefix, "")
+    def _healed(self, prefix: str, heal: bool) -> tuple[str, str]:
+        """The prefix the prompt holds and the end of it the model must write first (decoding/healing.py)."""
+        cut = self.healing.split(prefix) if heal else 0
+        return (prefix[:len(prefix) - cut], prefix[len(prefix) - cut:]) if cut else (prefix, "")
 
     def _files_header(self, context: Sequence[ContextFile], path: str, repo: str, room: int) -> tuple[list[int], int]:
         """Other files in the family's repository format (Qwen2.5-Coder: `<|repo_name|>name`, then

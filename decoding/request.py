@@ -10,9 +10,9 @@ from typing import Any, Callable
 from decoding import faults
 from decoding.api import Cancelled, CancelToken, CompletionRequest, CompletionResult, EngineConfig, RequestStats
 from decoding.errors import DraftwiseError
-from decoding.loading import LoadedModels
+from decoding.setup import LoadedModels
 from decoding.sampling import Sampler
-from decoding.speculative import Stop, StopRule, TimeCap, speculative_decode
+from decoding.speculative import Stop, EndCondition, TimeCap, speculative_decode
 from decoding.stop_rules import completion_rules
 
 
@@ -20,28 +20,28 @@ from decoding.stop_rules import completion_rules
 class RequestPlan:
     request: CompletionRequest
     prompt: list[int]
-    rule: StopRule
+    end: EndCondition
     sampler: Sampler
     policy: Any  # decoding.policy.DraftPolicy: which drafter drafts how much, step by step
     stats: RequestStats
-    healing: Any = None  # decoding.healing.Constraint: the blank the completion must write first
+    healing: Any = None  # decoding.healing.Constraint: the text the completion must write first
 
 
 def plan_request(models: LoadedModels, config: EngineConfig, request: CompletionRequest,
          seen: Callable[[str], None] | None = None) -> RequestPlan:
-    """seen: told the completion's text so far after each step (StopRule.seen)."""
+    """seen: told the completion's text so far after each step (EndCondition.seen)."""
     mode = models.drafter_mode(request.drafter or config.drafter)
     stats = RequestStats(drafter=mode)
     text_rule, final_rule = completion_rules(request.prefix, request.suffix, request.language, request.path,
                                              request.scope)
     prompt = models.prompt_parts(request)
     decode = models.decode
-    if prompt.healed:  # the text rules and the result see the completion without the healed blank
+    if prompt.healed:  # the text rules and the result see the completion without the healed text
         decode = lambda ids: prompt.completion_text(models.decode(ids))  # noqa: E731
-    rule = StopRule(models.end_ids, request.max_tokens or config.max_tokens, decode, text_rule, final_rule,
+    end = EndCondition(models.end_ids, request.max_tokens or config.max_tokens, decode, text_rule, final_rule,
                     TimeCap(request.time_limit_s or None), whole_lines=request.scope != "full", seen=seen)
     sampler = Sampler(request.temperature, request.top_p, request.top_k, request.seed)
-    return RequestPlan(request, prompt.ids, rule, sampler, models.draft_policy(mode, stats), stats,
+    return RequestPlan(request, prompt.ids, end, sampler, models.draft_policy(mode, stats), stats,
                        prompt.constraint(models.healing))
 
 
@@ -62,7 +62,7 @@ def run_request(models: LoadedModels, plan: RequestPlan, cancel: CancelToken) ->
     stats.decode_ms = (time.perf_counter() - started) * 1000 - stats.prefill_ms
     stats.stopped = stop.reason
     stats.generated_tokens = min(len(generated), stop.keep_tokens)
-    return CompletionResult(stop.text(generated, plan.rule.decode), stats), stop
+    return CompletionResult(stop.text(generated, plan.end.decode), stats), stop
 
 
 def _generate(models: LoadedModels, plan: RequestPlan, cancel: CancelToken,
@@ -79,7 +79,7 @@ def _generate(models: LoadedModels, plan: RequestPlan, cancel: CancelToken,
     try:
         if faults.trip("generate_oom"):
             raise MemoryError("injected fault: out of memory while generating")
-        result = speculative_decode(models.target_runner, seq, plan.policy, plan.sampler, plan.rule, cancel,
+        result = speculative_decode(models.target_runner, seq, plan.policy, plan.sampler, plan.end, cancel,
                                     plan.stats, plan.healing)
     except Cancelled:  # the draft model's catch-up stops between chunks too; its cache stays consistent
         plan.policy.end()

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from decoding.api import CancelToken, RequestStats
-from decoding.healing import Constraint, limited
+from decoding.healing import Constraint
 from decoding.policy import DraftPolicy
 from decoding.runners.base import Runner
 from decoding.sampling import Sampler
@@ -46,14 +46,14 @@ class TimeCap:
 
 
 @dataclass(frozen=True)
-class StopRule:
+class EndCondition:
     """When a completion is over. `check` sees every generated token."""
 
     end_ids: frozenset[int]
     max_tokens: int
     decode: Callable[[list[int]], str]
-    text_rule: Callable[[str], int | None]  # StopRules.check: chars to keep, or None to go on
-    final_rule: Callable[[str], int | None]  # StopRules.finish: chars to keep when generation ends otherwise
+    text_rule: Callable[[str], int | None]  # EndConditions.check: chars to keep, or None to go on
+    final_rule: Callable[[str], int | None]  # EndConditions.finish: chars to keep when generation ends otherwise
     time_cap: TimeCap = field(default_factory=TimeCap)
     # Past the time cap: end at the next line end (never half a line on screen), or at once (False:
     # the "full" scope, whose raw output is cut wherever it is).
@@ -94,26 +94,25 @@ class StopRule:
 
 
 def speculative_decode(target: Runner, seq: list[int], policy: DraftPolicy, sampler: Sampler,
-                       rule: StopRule, cancel: CancelToken, stats: RequestStats,
+                       end: EndCondition, cancel: CancelToken, stats: RequestStats,
                        healing: Constraint | None = None) -> tuple[list[int], Stop]:
     """seq: the prompt; the target's cache must hold seq[:-1], or less of it: the first forward reads
     the rest (runner.sync's `unread`). Returns every generated token and where the completion stops
-    (a cancelled one keeps what it has). healing: the first token is one it allows (its row of the
-    first forward is masked; plain decoding does the same)."""
+    (a cancelled one keeps what it has). healing: the first tokens write the healed text (every row
+    of a forward whose tokens before it have not written it yet is limited; plain decoding does the same)."""
     prompt_len, started = len(seq), time.perf_counter()
-    rule.time_cap.start()
+    end.time_cap.start()
     while True:
         if cancel.cancelled:
             break
-        draft = policy.propose(seq, rule.max_tokens - (len(seq) - prompt_len))
+        draft = policy.propose(seq, end.max_tokens - (len(seq) - prompt_len))
         if cancel.cancelled:
             break
         t_forward, cached = time.perf_counter(), len(target.tokens)
         fed = seq[cached:] + (draft.tokens if draft else [])
         logits = target.forward(fed, logits_to_keep=1 + (len(draft) if draft else 0))
-        allowed = healing.allowed(seq[prompt_len:]) if healing is not None else None
-        if allowed is not None:
-            logits[0] = limited(logits[0], allowed)
+        if healing is not None:
+            healing.limit_rows(logits, seq[prompt_len:], draft.tokens if draft else [])
         stats.target_forwards += 1
         new = sampler.verify(logits, draft)  # accepted draft tokens + one token of the target's own
         target.crop_to(len(seq) + len(new) - 1)  # rejected draft tokens leave the cache
@@ -121,7 +120,7 @@ def speculative_decode(target: Runner, seq: list[int], policy: DraftPolicy, samp
         seq.extend(new)
         if stats.target_forwards == 1:
             stats.first_token_ms = stats.prefill_ms + (time.perf_counter() - started) * 1000
-        stop = rule.check(seq[prompt_len:])
+        stop = end.check(seq[prompt_len:])
         if stop is not None:
             return seq[prompt_len:], stop
     return seq[prompt_len:], Stop("cancelled", len(seq) - prompt_len)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from decoding.brackets import CLOSERS, OPENERS, only_closers, scan_brackets
+from decoding import code_lines
 from decoding.languages import LanguageFacts, facts_for, language_from_path, normalize_language
 
 SCOPES = ("line", "block", "full")
@@ -92,12 +93,12 @@ def _cursor_context(
     rest = suffix.split("\n", 1)[0]
     if line_prefix.strip():
         indent = _indent_of(line_prefix, tab_width)
-        if facts.opens_block(line_prefix, region):
+        if code_lines.opens_block(facts, line_prefix, region):
             return _CursorContext(line_prefix, region, rest, True, indent + 1, indent)
         parent = _enclosing_indent(lines, regions, last, indent, tab_width)
         return _CursorContext(line_prefix, region, rest, False, indent, parent)
     previous = next((i for i in range(last - 1, -1, -1) if lines[i].strip()), None)
-    if previous is not None and facts.opens_block(lines[previous], regions[previous]):
+    if previous is not None and code_lines.opens_block(facts, lines[previous], regions[previous]):
         indent = _indent_of(lines[previous], tab_width)
         return _CursorContext(line_prefix, region, rest, True, indent + 1, indent)
     min_indent = _blank_line_min_indent(lines, previous, rest, suffix, facts, tab_width)
@@ -112,7 +113,7 @@ def _prefix_lines(prefix: str, facts: LanguageFacts) -> tuple[list[str], list[in
     lines = tail.split("\n")
     if len(tail) < len(prefix):
         lines = lines[1:] or [""]  # the first piece is a partial line
-    lexer = facts.lexer()
+    lexer = code_lines.lexer(facts)
     regions: list[int | None] = []
     region: int | None = None
     for line in lines:
@@ -151,7 +152,7 @@ def _blank_line_min_indent(
     if following is None:
         return 0
     min_indent = _indent_of(lines[previous], tab_width)
-    if not facts.starts_with_closer(following.strip()):
+    if not code_lines.starts_with_closer(facts, following.strip()):
         min_indent = min(min_indent, _indent_of(following, tab_width))
     return min_indent
 
@@ -187,7 +188,7 @@ def _document_closes_block(
 ) -> bool:
     """Whether a closer at the parent's indentation follows the cursor (or starts the rest of its
     line): then a closing line the model writes would close the block twice."""
-    if facts.starts_with_closer(rest):
+    if code_lines.starts_with_closer(facts, rest):
         return True
     below = next(
         (line for line in later_lines
@@ -197,7 +198,7 @@ def _document_closes_block(
     return (
         below is not None
         and _indent_of(below, tab_width) == context.parent_indent
-        and facts.starts_with_closer(below.strip())
+        and code_lines.starts_with_closer(facts, below.strip())
     )
 
 
@@ -215,7 +216,7 @@ def _repeat_to_watch(
     if following is None:
         return None, None
     stripped = following.strip()
-    if len(re.sub(r"\s", "", stripped)) >= 3 or facts.closing_line_status(stripped)[0] == "closer":
+    if len(re.sub(r"\s", "", stripped)) >= 3 or code_lines.closing_line_status(facts, stripped)[0] == "closer":
         return stripped, _indent_of(following, tab_width)
     return None, None
 
@@ -359,7 +360,7 @@ class StopRules:
 
     def _advance(self, text: str, start: int, end: int, state: _ScanState) -> _ScanState:
         line = text[start:end]
-        lexer = self.facts.lexer()
+        lexer = code_lines.lexer(self.facts)
         if state.index == 0:
             region, _ = lexer.scan(self.cursor_line_prefix + line, state.region)
             run_start = None
@@ -374,7 +375,7 @@ class StopRules:
 
     def _belongs_to_next_definition(self, line: str, region: int | None) -> bool:
         """Comments and decorators at the left margin document the definition below them."""
-        if self.facts.lexer().region_is_comment(region):
+        if code_lines.lexer(self.facts).region_is_comment(region):
             return True
         if region is not None:
             return False
@@ -436,7 +437,7 @@ class StopRules:
             return []
         if not (self.keep_closing_line and indent == self.parent_indent):
             return [(first + 1, start, True)]
-        status, index, closing = self.facts.closing_line_status(stripped)
+        status, index, closing = code_lines.closing_line_status(self.facts, stripped)
         if status == "no":
             # `} else {`: keep the `}` that balances the block, not what follows it.
             return [(first + index + 1, first + closing if closing else start, True)]

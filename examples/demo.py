@@ -129,6 +129,8 @@ async def main() -> int:
         _, stats = await ask(client, uri, types.Position(line, character + len(typed)), f"after typing {typed!r}")
     print(f"\nmodel {stats.get('target')} on {stats.get('device')}, {stats.get('weights')} weights, drafter "
           f"{stats.get('drafter')}\nweights {stats.get('weights')}: {stats.get('weightsReason')}")
+    if stats.get("targetChoice"):  # `target: auto`, the default: which model, and why
+        print(f"target auto: {stats['target']}: {stats['targetChoice']}")
     await client.shutdown_async(None)
     client.exit(None)
     await client.stop()

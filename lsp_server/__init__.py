@@ -15,7 +15,7 @@ Where things live:
 - `documents.py`    open documents, position encodings (utf-8/16/32), context from other files
 - `postprocess.py`  shaping model text into an edit: single line vs block, brackets, indentation
 - `typeahead.py`    answering at once while the user types along a shown suggestion
-  (whether typing agrees with a suggestion: decoding/typing_along.py, for server and engine alike)
+  (whether typing agrees with a suggestion: decoding/agreement.py, for server and engine alike)
 - `config.py`       settings from initializationOptions / didChangeConfiguration
 - `progress.py`     work-done progress while models load
 - `cli.py`          the `draftwise` command (serve, complete, bench, models)

@@ -21,7 +21,8 @@ def add_model_flags(p: argparse.ArgumentParser, many_weights: bool = False) -> N
     """many_weights: `--weights` takes a comma-separated list (the benchmark runs each format)."""
     d = EngineConfig()
     g = p.add_argument_group("model")
-    g.add_argument("--target", default=d.target, help="target model: preset, HF directory, .gguf file or hub id (default: %(default)s)")
+    g.add_argument("--target", default=d.target, help="target model: preset, HF directory, .gguf file or hub id; auto: "
+                   "qwen2.5-coder-1.5b where this machine runs it fast enough, else qwen2.5-coder-0.5b (default: %(default)s)")
     g.add_argument("--draft", default=None, help="draft model spec, or 'none' (default: none)")
     g.add_argument("--drafter", default=d.drafter, choices=DRAFTERS, help="drafting strategy (default: %(default)s)")
     g.add_argument("--max-tokens", type=int, default=d.max_tokens, help="most tokens per completion (default: %(default)s)")
@@ -105,6 +106,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     pull = msub.add_parser("pull", help="fetch, verify and convert presets (default: all)")
     pull.add_argument("names", nargs="*")
     msub.add_parser("list", help="show presets, whether they are present, size and path")
+    clean = msub.add_parser("clean", help="remove what starts keep in $DRAFTWISE_HOME (quantized models, kernels, "
+                            "measurements); the models stay")
+    clean.add_argument("--dry-run", action="store_true", help="only show what would be removed and its size")
     return p
 
 
@@ -194,6 +198,8 @@ def cmd_models(args) -> int:
             size = f"{st.size_bytes / 2**30:.2f} GiB" if st.present else "-"
             print(f"{st.preset.name:22} {state:8} {size:>10}  {st.path}")
         return 0
+    if args.models_command == "clean":
+        return clean_caches(args.dry_run)
     names = args.names or list(PRESETS)
     unknown = [n for n in names if n not in PRESETS]
     if unknown:
@@ -203,6 +209,18 @@ def cmd_models(args) -> int:
     from decoding.models.weights import build_kernels
 
     build_kernels(say=lambda msg: print(msg, file=sys.stderr))
+    return 0
+
+
+def clean_caches(dry_run: bool) -> int:
+    from decoding.home import cache_files, paths
+
+    found = cache_files.caches() if dry_run else cache_files.clean()
+    for path, size, what in found:
+        print(f"{size / 2**20:10.1f} MiB  {path}  {what}")
+    total = sum(size for _, size, _ in found) / 2**20
+    verb = "would free" if dry_run else "freed"
+    print(f"{verb} {total:.1f} MiB in {paths.draftwise_home()}; the models stay (`draftwise models list`)")
     return 0
 
 

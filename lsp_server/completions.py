@@ -35,7 +35,7 @@ from lsp_server.config import Settings
 from lsp_server.cursor import Cursor, cursor_line, mid_word, read_cursor
 from lsp_server.documents import DocumentStore, OpenDocument, display_path, select_context
 from lsp_server.engine_host import EngineHost
-from lsp_server.postprocess import Edit, IndentStyle, detect_indent, shape
+from lsp_server.postprocess import Edit, IndentStyle, breaks_the_word, detect_indent, shape
 from lsp_server.repository_context import RepositoryService
 from lsp_server.suggestions import SUPERSEDED, ItemRecord, SentItems, Suggestion, SuggestionCounts, Superseded
 from lsp_server.typing_along import ASK_ENGINE, TypingAlong
@@ -121,7 +121,7 @@ class Completions:
         except Exception:
             log.exception("completion failed for %s", uri)
             return None
-        if result.stats.stopped == "cancelled" or self._moved_on(cursor.doc, cursor.version):
+        if result.stats.stopped == "cancelled" or self.documents.is_stale(cursor.doc, cursor.version):
             return SUPERSEDED
         return result
 
@@ -147,6 +147,10 @@ class Completions:
         return suggestion
 
     def _shaped(self, cursor: Cursor, text: str, instant: bool, alternative: bool = False) -> Suggestion | None:
+        if breaks_the_word(text, cursor.prefix, cursor.suffix):  # nothing rather than a broken line
+            self.counts.broken_words += 1
+            log.info("not shown: %r would break the word before the cursor", text[:40])
+            return None
         edit = shape(text, cursor.line_before, cursor.line_after, cursor.indent)
         if edit is None:
             return None
@@ -163,8 +167,9 @@ class Completions:
     def request_at(self, doc: OpenDocument, prefix: str, suffix: str, settings: Settings) -> CompletionRequest:
         folders = self.workspace_folders()
         engine = settings.engine
+        on = settings.repo_context_on(self.host.repo_context_pays)
         repo = (self.repository.context_for(doc.uri, doc.language_id, prefix, settings.repo_context_tokens)
-                if settings.repo_context and self.repository is not None else None)
+                if on and self.repository is not None else None)
         if repo is None:  # off, or a document outside the workspace: other open files of its language
             context = tuple(select_context(self.documents, doc, folders,
                                            max_chars=engine.context_tokens * CONTEXT_CHARS_PER_TOKEN))
@@ -199,8 +204,6 @@ class Completions:
     def _record_stats(self, stats: dict) -> None:
         self.last_stats = stats
 
-    def _moved_on(self, doc: OpenDocument, version: int) -> bool:
-        return self.documents.get(doc.uri) is not doc or doc.version != version
 
     def _indent(self, doc: OpenDocument) -> IndentStyle:
         cached = self._indent_cache.get(doc.uri)

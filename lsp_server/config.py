@@ -48,9 +48,15 @@ class Settings:
     max_time_ms: int = 150
     # The repository as context (decoding/repository/): definitions of the names near the cursor and
     # the most similar code of other files, in this many tokens of the prompt budget (at most half);
-    # and the repository lookup drafter. False: other open files only, as context.
-    repo_context: bool = False  # on by default once it pays: docs/repository-context.md
+    # and the repository lookup drafter. False: other open files only, as context. None ("auto"): on
+    # for the models where the bench measured that it pays (decoding/models/quality_gate.py).
+    repo_context: bool | None = None
     repo_context_tokens: int = 512
+
+    def repo_context_on(self, pays: bool) -> bool:
+        """Whether requests get the repository as context: as set, or with "auto" where it pays for the
+        loaded model (`pays`: the engine's verdict)."""
+        return pays if self.repo_context is None else self.repo_context
 
     def serves_language(self, language_id: str) -> bool:
         return self.languages is None or language_id in self.languages
@@ -124,6 +130,14 @@ def _bool(key: str, value: Any) -> bool:
     return value
 
 
+def _bool_or_auto(key: str, value: Any) -> bool | None:
+    if value is None or value == "auto":
+        return None
+    if not isinstance(value, bool):
+        raise _Bad(f"must be true, false or \"auto\", got {value!r}")
+    return value
+
+
 def _languages(key: str, value: Any) -> tuple[str, ...] | None:
     if value is None:
         return None
@@ -150,7 +164,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "alternatives": (_int_range(*ALTERNATIVES_RANGE), "alternatives"),
     "idleWork": (_bool, "idle_work"),
     "maxTimeMs": (_int_range(*MAX_TIME_MS_RANGE), "max_time_ms"),
-    "repoContext": (_bool, "repo_context"),
+    "repoContext": (_bool_or_auto, "repo_context"),
     "repoContextTokens": (_int_range(*REPO_CONTEXT_TOKENS_RANGE), "repo_context_tokens"),
 }
 KNOWN_KEYS = tuple(_KEYS)

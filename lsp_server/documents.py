@@ -148,6 +148,11 @@ class DocumentStore:
         self._documents[uri] = doc
         return doc
 
+    def is_stale(self, doc: OpenDocument, version: int) -> bool:
+        """Whether an answer made for `doc` at `version` came too late: the document was closed (or
+        opened anew) or edited since."""
+        return self._documents.get(doc.uri) is not doc or doc.version != version
+
     def change(self, uri: str, version: int,
                changes: Iterable[types.TextDocumentContentChangeEvent]) -> OpenDocument:
         doc = self._documents.get(uri)

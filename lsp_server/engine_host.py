@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from decoding.api import CompletionEngine, CompletionRequest
 from decoding.errors import DraftwiseError, EngineNotReady
-from decoding.remote import engine_module
+from decoding.remote import engine_class
 from lsp_server.config import Settings
 from lsp_server.progress import LoadProgress
 
@@ -42,6 +42,14 @@ class EngineHost:
     @property
     def ready(self) -> bool:
         return self.state == READY
+
+    @property
+    def repo_context_pays(self) -> bool:
+        """The loaded model's verdict on the repository as context (`repoContext: "auto"`); False until
+        a model is ready."""
+        if not self.ready or self._engine is None:
+            return False
+        return bool((self._engine.info().get("repo_context") or {}).get("pays"))
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -77,9 +85,10 @@ class EngineHost:
             if progress is not None:
                 await progress.begin(f"loading {config.target}")
             # Importing the engine pulls in torch and transformers (seconds): off the event loop.
-            module = await loop.run_in_executor(None, importlib.import_module, engine_module(config.target))
+            module_name, class_name = engine_class(config.target)
+            module = await loop.run_in_executor(None, importlib.import_module, module_name)
             if not self._closed:  # shutdown during the import: load nothing
-                self._engine = module.Engine(config)
+                self._engine = getattr(module, class_name)(config)
                 if hasattr(self._engine, "on_health"):  # a remote engine: its server's health changes
                     self._engine.on_health = lambda level, text: loop.call_soon_threadsafe(self._notice, level, text)
                 await asyncio.wrap_future(self._engine.start_loading(on_progress))
@@ -177,6 +186,7 @@ class EngineHost:
             "state": state,
             "error": error,
             "target": info.get("target") or config.target,
+            "targetChoice": info.get("target_choice"),  # with `target: auto`: which model, and why
             "draft": info.get("draft", config.draft),
             "drafter": config.drafter,
             "device": info.get("device") or config.device,
@@ -189,6 +199,8 @@ class EngineHost:
             "fimTemplate": info.get("fim_template"),
             "draftNote": info.get("draft_note") or None,
             "draftingOff": info.get("drafting_off") or None,
+            # `repoContext: "auto"`: whether the repository as context pays for this model, and the measurement
+            "repoContextPays": info.get("repo_context"),
             "last": engine_stats.get("last"),
             "cumulative": engine_stats.get("cumulative", {}),
             "requests": engine_stats.get("requests", 0),

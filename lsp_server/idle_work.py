@@ -19,6 +19,15 @@ the prediction, the next line is on screen as soon as the editor asks.
 It is idle work: any other request the user waits for cancels it within one forward, an edit that
 leaves it cancels it, it stays inside the cache budget (the KV store evicts as for any request), and
 it runs only for the document being edited.
+
+Before the first edit, a just-opened document is read ahead: the prompt of a cursor at its end, whose
+prefix (the file from a step line on, decoding/prompt.py) every cursor whose prompt starts at the same
+line reuses up to its own line: all of them in a file that fits the prompt budget. An editor that says
+where its cursor rests (`draftwise/cursor`, sent by the VS Code and Neovim clients when the cursor
+stops moving) gets the suggestion there started as after an edit: the first request after opening a
+file and looking for the place to type finds its prompt read, or its answer ready. Each document is
+read ahead once a version and place; the engine being still loading, the latest is read once it is
+ready.
 """
 from __future__ import annotations
 
@@ -44,6 +53,52 @@ class IdleWork:
         self.settings = settings
         self.quiet_s = quiet_s
         self._timer: asyncio.Handle | None = None
+        self._read: dict[str, tuple[int, int, bool]] = {}  # uri -> (version, offset, generate) last done
+        self._waiting: tuple[OpenDocument, int, bool] | None = None  # for the engine to be ready
+        self.counts = {"opened": 0, "cursorHints": 0}  # read-aheads of just-opened documents, cursor hints acted on
+
+    def document_opened(self, doc: OpenDocument) -> None:
+        """A just-opened document: its prompt at the end of the file, read ahead (no cursor is known)."""
+        if self._wanted(doc):
+            self._ahead(doc, len(doc.text), generate=False)
+
+    def cursor_rested(self, doc: OpenDocument, offset: int) -> None:
+        """The editor's cursor rests at `offset` (draftwise/cursor): start the suggestion there, as after
+        an edit (or only read its prompt, where the editor would not ask there)."""
+        if self._wanted(doc) and not self.predictor.covers(doc, offset):
+            self._ahead(doc, offset, generate=True)
+
+    def engine_ready(self) -> None:
+        """The engine finished loading: the read-ahead that waited for it."""
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and self.completions.documents.get(waiting[0].uri) is waiting[0]:
+            self._ahead(*waiting)
+
+    def _wanted(self, doc: OpenDocument) -> bool:
+        settings = self.settings()
+        return settings.idle_work and settings.serves_language(doc.language_id)
+
+    def _ahead(self, doc: OpenDocument, offset: int, generate: bool) -> None:
+        if not self.host.ready:
+            self._waiting = (doc, offset, generate)
+            return
+        if self._read.get(doc.uri) == (doc.version, offset, generate):
+            return  # read (or started) there already, and nothing changed since
+        self._read[doc.uri] = (doc.version, offset, generate)
+        try:
+            request, worth_generating = self.completions.idle_request(doc, offset)
+            if generate and worth_generating:
+                self.predictor.start(doc, doc.version, request, self._prediction_ended)
+            else:
+                self.host.prepare(request)
+            self.counts["cursorHints" if generate else "opened"] += 1
+        except Exception:  # idle work must never disturb the server
+            log.debug("read-ahead failed for %s", doc.uri, exc_info=True)
+
+    def document_closed(self, uri: str) -> None:
+        self._read.pop(uri, None)
+        if self._waiting is not None and self._waiting[0].uri == uri:
+            self._waiting = None
 
     def document_changed(self, doc: OpenDocument):
         """Every edit restarts the quiet period. The suggestion started for an earlier edit goes on

@@ -8,7 +8,10 @@ document's suffix. What is left is editor-side:
   suggestion closes that bracket itself, the edit's range covers the auto-inserted `)` instead of
   leaving two;
 - new lines are indented with the document's tabs or spaces, whatever the model produced;
-- nothing (or only whitespace) is never sent.
+- nothing (or only whitespace) is never sent;
+- after a word cut short by the cursor, a text that would break it (go on with blanks or a line end,
+  or type its letters again) is never sent: token healing (decoding/healing.py) is what keeps the
+  model's text whole, this is the last guard.
 """
 from __future__ import annotations
 
@@ -17,6 +20,20 @@ from collections import Counter
 from dataclasses import dataclass
 
 from decoding.brackets import QUOTES, only_closers, scan_brackets
+
+# Words a line may end with, or go on from with a blank, though the document has them nowhere else
+# (a new file's first `return`): the keywords of the languages the corpus and the presets cover.
+KEYWORDS = frozenset("""
+and as assert async await break case catch char class const continue def default del delete do double
+elif else end enum export extends extern false final finally float fn for from func function go goto
+if impl import in int interface let local long match mod module namespace new nil none not null or
+package pass private protected pub public raise return self short signed static struct super switch
+template then this throw throws true try type typedef typename typeof union unsigned use using var void
+volatile where while with yield
+""".split())
+_WORD_END = re.compile(r"\w+$")
+_WORD_START = re.compile(r"\w+")
+_COMMENT_STARTS = ("#", "//", "/*", "--")
 
 # The characters an editor's auto-closing leaves right of the cursor.
 _AUTO_CLOSED_RUN = re.compile(r"[)\]}\"'`]*")
@@ -131,3 +148,36 @@ def shape(text: str, line_before: str, line_after: str, indent: IndentStyle) -> 
     if not text.strip() or text == line_after[:replace]:
         return None
     return Edit(text=text, replace=replace)
+
+
+def breaks_the_word(text: str, prefix: str, suffix: str) -> bool:
+    """After a word at the cursor (`prefix` ends in a letter, digit or underscore), whether `text` would
+    break it:
+    - it goes on with two or more blanks or a tab (`s` + `        self.data = ...`): indentation, never
+      what follows a word, unless a comment follows them (`x = 1  # one`);
+    - it ends the line right after a word alone on its line that the document has nowhere else and no
+      language has as a keyword (`    se` + a line break);
+    - it types the word's letters again (`return n` + `n * f(n - 1)`), making a word the document has
+      nowhere else.
+    A single blank or a line end after a word is how code goes on (`return n` + ` * f(n - 1)`, a new
+    name `total` + ` = 0`): healing lets the model decide that the word is whole."""
+    typed = _WORD_END.search(prefix)
+    if typed is None or not text:
+        return False
+    word = typed.group()
+    blanks = _LEADING_WS.match(text).group(0)
+    if (len(blanks) >= 2 or "\t" in blanks) and not text[len(blanks):].startswith(_COMMENT_STARTS):
+        return True
+    line_before = prefix[max(prefix.rfind("\n"), prefix.rfind("\r")) + 1:]
+    if text[0] in "\r\n":
+        return line_before.strip() == word and word not in KEYWORDS and not _is_known(word, prefix, suffix, len(word))
+    head = _WORD_START.match(text)
+    return head is not None and head.group().startswith(word) and \
+        not _is_known(word + head.group(), prefix, suffix, len(word))
+
+
+def _is_known(word: str, prefix: str, suffix: str, typed: int) -> bool:
+    """Whether the document has `word` as a whole word away from the cursor (the word being typed, the
+    prefix's last `typed` characters, is left out)."""
+    pattern = re.compile(rf"(?<!\w){re.escape(word)}(?!\w)")
+    return bool(pattern.search(prefix, 0, len(prefix) - typed) or pattern.search(suffix))

@@ -14,7 +14,7 @@ from typing import Callable
 
 from decoding.api import CompletionRequest
 from decoding.jobs import Job
-from decoding.typing_along import agrees, remains, typed_since
+from decoding.agreement import agrees, remains, typed_since
 from lsp_server.config import Settings
 from lsp_server.cursor import Cursor, cursor_line, line_break_of
 from lsp_server.documents import DocumentStore, OpenDocument
@@ -197,7 +197,7 @@ class Predictor:
         p, waited = self.latest, time.perf_counter()
         while p.running and len(typed) >= len(p.text) + len(p.lead):
             await p.next_link()  # a cancelled request leaves the prediction running
-        if self._moved_on(cursor.doc, cursor.version):
+        if self.documents.is_stale(cursor.doc, cursor.version):
             return SUPERSEDED
         if remains(p.text, typed) is None:
             return None
@@ -267,7 +267,7 @@ class Predictor:
         """Submit the prediction's next link: the request at its end (after its lead), as if the user
         had typed it."""
         doc, lead = p.doc, p.next_lead
-        if self._moved_on(doc, doc.version) or not self.settings().idle_work or not agrees(p.text + lead, typed):
+        if self.documents.is_stale(doc, doc.version) or not self.settings().idle_work or not agrees(p.text + lead, typed):
             return False
         job = self.submit_idle(self.request_at(doc, p.prefix + p.text + lead, p.suffix), doc.version)
         if job is None:
@@ -288,5 +288,3 @@ class Predictor:
         typed = p.typed(doc.text[:doc.edit_end], doc.text[doc.edit_end:])
         return typed if typed is not None and agrees(p.text, typed) else None
 
-    def _moved_on(self, doc: OpenDocument, version: int) -> bool:
-        return self.documents.get(doc.uri) is not doc or doc.version != version

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 STATS_REQUEST = "draftwise/stats"
 DOCUMENT_TEXT_REQUEST = "draftwise/documentText"
+CURSOR_NOTIFICATION = "draftwise/cursor"  # where the editor's cursor rests: idle work starts there
 
 def _server_version() -> str:
     try:
@@ -64,6 +65,7 @@ class DraftwiseServer(LanguageServer):
         self.client_reads_markdown_docs = False
         self._pending_problems: list[str] = []
         self._tasks: set[asyncio.Task] = set()
+        self._watching = False  # the file watcher is registered (once a session)
 
     def workspace_folders(self) -> list[str]:
         try:
@@ -106,9 +108,14 @@ class DraftwiseServer(LanguageServer):
         self.index_workspace()
         self.spawn(self.configure_engine(self.settings))  # reloads only when the models change
 
+    @property
+    def repo_context_on(self) -> bool:
+        return self.settings.repo_context_on(self.engine_host.repo_context_pays)
+
     def index_workspace(self) -> None:
-        """The repository context's index, over the workspace folders (in the background)."""
-        if self.settings.repo_context:
+        """The repository context's index, over the workspace folders (in the background); with
+        `repoContext: "auto"` once the loaded model is known to gain from it."""
+        if self.repo_context_on:
             self.repository.start(self.workspace_folders())
         else:
             self.repository.close()
@@ -117,9 +124,10 @@ class DraftwiseServer(LanguageServer):
         """Ask the client to tell us of file changes outside the editor (a checkout, a generator)."""
         caps = getattr(self.protocol, "client_capabilities", None)
         watched = caps and caps.workspace and caps.workspace.did_change_watched_files
-        if not (watched and watched.dynamic_registration and self.settings.repo_context):
+        if not (watched and watched.dynamic_registration and self.repo_context_on) or self._watching:
             return
         options = types.DidChangeWatchedFilesRegistrationOptions(watchers=[types.FileSystemWatcher(glob_pattern="**/*")])
+        self._watching = True
 
         async def register() -> None:
             try:
@@ -152,36 +160,59 @@ class DraftwiseServer(LanguageServer):
     async def configure_engine(self, settings: Settings) -> None:
         progress = LoadProgress(self, "draftwise: loading model")
         loaded = await self.engine_host.configure(settings, progress)
+        if loaded:
+            self.idle_work.engine_ready()
+            self.index_workspace()  # `repoContext: "auto"` follows the model just loaded
+            self.watch_files()
         if loaded is False:
             # Once per failed load: requests keep getting empty answers, stats say why.
             self.window_show_message(types.ShowMessageParams(
                 type=types.MessageType.Error, message=f"draftwise: {self.engine_host.error}"))
 
-    def document_info(self, params: Any) -> dict[str, Any]:
+    def document_at(self, params: Any, method: str):
+        """The open document and the offset of the position (None without one) that a custom request's
+        {"textDocument": {"uri"}, "position"?} name."""
         if not isinstance(params, dict) or not isinstance(params.get("textDocument"), dict) \
                 or not isinstance(params["textDocument"].get("uri"), str):
-            raise JsonRpcInvalidParams(f"{DOCUMENT_TEXT_REQUEST} takes {{\"textDocument\": {{\"uri\": string}}, "
+            raise JsonRpcInvalidParams(f"{method} takes {{\"textDocument\": {{\"uri\": string}}, "
                                        f"\"position\"?: Position}}")
         uri = params["textDocument"]["uri"]
         doc = self.documents.get(uri)
         if doc is None:
             raise JsonRpcInvalidParams(f"document is not open: {uri}")
-        info: dict[str, Any] = {"uri": uri, "version": doc.version, "languageId": doc.language_id,
-                                "text": doc.text, "positionEncoding": self.documents.encoding}
+        offset = None
         if (position := params.get("position")) is not None:
             try:
                 pos = types.Position(line=position["line"], character=position["character"])
             except (TypeError, KeyError, ValueError) as err:
                 raise JsonRpcInvalidParams(f"position must be {{line, character}}: {err}") from err
-            info["offset"] = doc.offset_at(pos, self.documents.encoding)
+            offset = doc.offset_at(pos, self.documents.encoding)
+        return doc, offset
+
+    def document_info(self, params: Any) -> dict[str, Any]:
+        doc, offset = self.document_at(params, DOCUMENT_TEXT_REQUEST)
+        info: dict[str, Any] = {"uri": doc.uri, "version": doc.version, "languageId": doc.language_id,
+                                "text": doc.text, "positionEncoding": self.documents.encoding}
+        if offset is not None:
+            info["offset"] = offset
         return info
+
+    def cursor_rested(self, params: Any) -> None:
+        """draftwise/cursor: a notification, so bad params are logged, never answered."""
+        try:
+            doc, offset = self.document_at(params, CURSOR_NOTIFICATION)
+        except JsonRpcInvalidParams as err:
+            log.warning("%s ignored: %s", CURSOR_NOTIFICATION, err)
+            return
+        if offset is not None:
+            self.idle_work.cursor_rested(doc, offset)
 
     def stats(self) -> dict[str, Any]:
         engine = self.engine_host.stats()
-        return {**engine, "timing": last_timing(self.completions.last_stats),
+        return {**engine, "timing": last_timing(self.completions.last_stats), "readAhead": dict(self.idle_work.counts),
                 "suggestions": self.completions.counts.to_dict(),
                 "positionEncoding": self.documents.encoding, "openDocuments": len(self.documents),
-                "repoContext": self.repository.stats() if self.settings.repo_context else None}
+                "repoContext": self.repository.stats() if self.repo_context_on else None}
 
 
 def last_timing(last: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -259,8 +290,9 @@ def _add_document_sync(server: DraftwiseServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DraftwiseServer, params: types.DidOpenTextDocumentParams) -> None:
         doc = params.text_document
-        ls.documents.open(doc.uri, doc.language_id, doc.version, doc.text)
+        opened = ls.documents.open(doc.uri, doc.language_id, doc.version, doc.text)
         ls.repository.file_changed(doc.uri, doc.text)  # the editor's text, saved or not
+        ls.idle_work.document_opened(opened)  # its prompt read ahead before the first request
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DraftwiseServer, params: types.DidChangeTextDocumentParams) -> None:
@@ -275,6 +307,7 @@ def _add_document_sync(server: DraftwiseServer) -> None:
         ls.engine_host.document_closed(params.text_document.uri)
         ls.completions.document_closed(params.text_document.uri)
         ls.repository.document_closed(params.text_document.uri)
+        ls.idle_work.document_closed(params.text_document.uri)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: DraftwiseServer, params: types.DidSaveTextDocumentParams) -> None:
@@ -320,6 +353,10 @@ def _add_custom_requests(server: DraftwiseServer) -> None:
     def document_text(ls: DraftwiseServer, params: Any) -> dict[str, Any]:
         # The server's copy of a document, for client authors checking their sync and encodings.
         return ls.document_info(plain_json(params))
+
+    @server.feature(CURSOR_NOTIFICATION)
+    def cursor(ls: DraftwiseServer, params: Any) -> None:
+        ls.cursor_rested(plain_json(params))
 
 
 def _protocol_stdout():

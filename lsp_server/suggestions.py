@@ -63,6 +63,7 @@ class SuggestionCounts:
     prefetched: int = 0  # next suggestions computed in idle time after one was shown
     predicted: int = 0  # answered from the suggestion idle work started before the user typed on along it
     skipped_mid_word: int = 0  # automatic requests answered with nothing: the cursor was inside a word
+    broken_words: int = 0  # texts not shown: they would break the word before the cursor (postprocess)
 
     def to_dict(self) -> dict:
         return {"shown": self.shown, "instant": self.instant, "accepted": self.accepted,
@@ -71,7 +72,7 @@ class SuggestionCounts:
                 "alternativesAccepted": self.alternatives_accepted,
                 "partiallyAcceptedBy": dict(self.partial_by_kind), "prefetched": self.prefetched,
                 "predicted": self.predicted,
-                "skippedMidWord": self.skipped_mid_word}
+                "skippedMidWord": self.skipped_mid_word, "brokenWords": self.broken_words}
 
 
 class SentItems:

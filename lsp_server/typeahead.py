@@ -6,14 +6,14 @@
   engine with the request, and its suggestion drafter proposes it (verified in one forward).
 
 The engine is still asked; its answer replaces the remembered suggestion for the keystrokes after.
-Whether the typing agrees with a suggestion, and what of it remains, is decoding/typing_along.py's rule.
+Whether the typing agrees with a suggestion, and what of it remains, is decoding/agreement.py's rule.
 """
 from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from decoding.typing_along import remains, typed_since
+from decoding.agreement import remains, typed_since
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class TypeAheadMemory:
         # The latest shown suggestion, and prefetches made after it (older suggestions were replaced
         # on screen: typing along one of them is for the draft hint, not for an instant answer).
         for shown in reversed(self._shown.get(document, ())):
-            rest = _typed_along(shown, prefix, suffix)
+            rest = _rest_after_typing(shown, prefix, suffix)
             if rest is not None:
                 return rest
             if not shown.prefetched:
@@ -67,7 +67,7 @@ class TypeAheadMemory:
         return None
 
 
-def _typed_along(shown: ShownSuggestion, prefix: str, suffix: str) -> str | None:
+def _rest_after_typing(shown: ShownSuggestion, prefix: str, suffix: str) -> str | None:
     typed = typed_since(shown.prefix, shown.suffix, prefix, suffix)
     rest = remains(shown.text, typed) if typed is not None else None
     return rest or None  # typed to its end: nothing left to show

@@ -7,7 +7,7 @@
   after one is shown or after one more Enter on an empty line.
 
 Completions.suggest asks `answer` first and the engine only when it says ASK_ENGINE; it tells
-`shown` what the engine answered. Whether typing agrees with a text: decoding/typing_along.py.
+`shown` what the engine answered. Whether typing agrees with a text: decoding/agreement.py.
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ class TypingAlong:
         except Exception:
             log.exception("background completion failed for %s", doc.uri)
             return
-        if result.stats.stopped == "cancelled" or self.documents.get(doc.uri) is not doc or doc.version != cursor.version:
+        if result.stats.stopped == "cancelled" or self.documents.is_stale(doc, cursor.version):
             return
         edit = shape(result.text, cursor.line_before, cursor.line_after, cursor.indent)
         if edit is not None:

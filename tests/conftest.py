@@ -11,7 +11,7 @@ REAL_PRESET = "qwen2.5-coder-0.5b"
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from decoding.models.tiny import build_tiny_model
+    from tests.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "target", seed=0)
 
@@ -19,7 +19,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_draft_dir(tiny_model_dir, tmp_path_factory):
     """A perturbed copy of the tiny target: its drafts are right for a while, then wrong."""
-    from decoding.models.tiny import perturb_copy
+    from tests.tiny_models import perturb_copy
 
     return perturb_copy(tiny_model_dir, tmp_path_factory.mktemp("tiny") / "draft", noise=0.05, seed=1)
 

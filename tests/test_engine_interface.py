@@ -11,23 +11,23 @@ def _members(cls) -> dict[str, inspect.Signature]:
             if not name.startswith("_") and callable(getattr(CompletionEngine, name, None))}
 
 
-@pytest.mark.parametrize("module", ["decoding.engine", "decoding.remote.engine"])
-def test_each_engine_implements_the_protocol_with_its_signatures(module):
+@pytest.mark.parametrize("module, name", [("decoding.engine", "Engine"), ("decoding.remote.engine", "RemoteEngine")])
+def test_each_engine_implements_the_protocol_with_its_signatures(module, name):
     import importlib
 
-    engine_class = importlib.import_module(module).Engine
+    engine_class = getattr(importlib.import_module(module), name)
     wanted = _members(CompletionEngine)
     assert {"submit", "complete", "start_loading", "info", "stats", "close"} <= set(wanted)
     for name, signature in wanted.items():
-        assert hasattr(engine_class, name), f"{module}.Engine has no {name}"
+        assert hasattr(engine_class, name), f"{module}.{engine_class.__name__} has no {name}"
         got = inspect.signature(getattr(engine_class, name))
         assert [(p.name, p.default) for p in got.parameters.values()] == \
-               [(p.name, p.default) for p in signature.parameters.values()], f"{module}.Engine.{name}{got}"
+               [(p.name, p.default) for p in signature.parameters.values()], f"{module}.{engine_class.__name__}.{name}{got}"
 
 
 def test_constructed_engines_are_completion_engines():
     from decoding.engine import Engine as LocalEngine
-    from decoding.remote.engine import Engine as RemoteEngine
+    from decoding.remote.engine import RemoteEngine
 
     local = LocalEngine(EngineConfig(target="qwen2.5-coder-0.5b"))
     remote = RemoteEngine(EngineConfig(target="openai:http://127.0.0.1:9/v1#m"))

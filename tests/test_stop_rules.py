@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from decoding import code_lines
 from decoding.languages import facts_for, known_languages, language_from_path, normalize_language
 from decoding.stop_rules import StopRules, resolve_scope
 
@@ -411,7 +412,7 @@ def test_language_aliases_and_unknown_languages():
     ],
 )
 def test_opens_block(language, line, opens):
-    assert facts_for(language).opens_block(line) is opens
+    assert code_lines.opens_block(facts_for(language), line) is opens
 
 
 def test_language_facts_cover_the_documented_stops():
@@ -448,7 +449,7 @@ def test_language_facts_cover_the_documented_stops():
     ],
 )
 def test_closing_line_status(language, line, status):
-    assert facts_for(language).closing_line_status(line)[0] == status
+    assert code_lines.closing_line_status(facts_for(language), line)[0] == status
 
 
 # --- The monotone property --------------------------------------------------------------------

@@ -68,7 +68,7 @@ def _profiles(name: str, count: int) -> list:
 
 def _llama_vim_setup(args) -> dict:
     """{"binary", "gguf"} for the llama.vim run, or {"reason"} why it cannot run here."""
-    from decoding.models.loading import gguf_file
+    from decoding.models.checkpoint import gguf_file
     from bench.llama_server import find_llama_server
 
     binary = find_llama_server(args.llama_server)
@@ -85,6 +85,12 @@ def _llama_vim_setup(args) -> dict:
 def run(args) -> int:
     if args.chars < 1 or args.speed <= 0 or (args.max_time_ms is not None and args.max_time_ms < 0):
         raise corpus.CorpusError("--chars must be at least 1, --speed positive and --max-time-ms not negative")
+    if args.target == "auto":  # the model `draftwise serve` would choose here: the replay names it
+        from decoding.setup.target_choice import choose_target
+
+        choice = choose_target(args.target, args.device)
+        print(f"draftwise replay: target auto: {choice.spec} ({choice.reason})", file=sys.stderr)
+        args.target = choice.spec
     workspace = args.workspace.resolve() if args.workspace else None
     if workspace is not None and not workspace.is_dir():
         raise corpus.CorpusError(f"--workspace {args.workspace}: not a folder")

@@ -38,7 +38,7 @@ class DraftContext:
     sampling: Any = None  # decoding.sampling.Sampler (the model drafter warps its logits the same way)
     cancel: Any = None  # decoding.api.CancelToken: a drafter that runs a model checks it between chunks
     draft_hint: str = ""  # text the user is probably typing next (CompletionRequest.draft_hint)
-    first_allowed: Any = None  # bool [vocab]: the tokens the first generated one may be (decoding/healing.py)
+    healing: Any = None  # decoding.healing.Constraint: the text the first generated tokens must write
     lookup_texts: tuple[str, ...] = ()  # the repository beyond the prompt (CompletionRequest.lookup_texts)
 
 

@@ -26,12 +26,12 @@ class ModelDrafter(Drafter):
         self.sampler = None
         self.cancel = None
         self.active = False
-        self.prompt_len, self.first_allowed = 0, None
+        self.prompt_len, self.healing = 0, None
 
     def begin(self, ctx: DraftContext) -> None:
         self.sampler = ctx.sampling
         self.cancel = ctx.cancel
-        self.prompt_len, self.first_allowed = len(ctx.prompt_ids), ctx.first_allowed
+        self.prompt_len, self.healing = len(ctx.prompt_ids), ctx.healing
         self.runner.start(ctx.prompt_ids, ctx.document)
         self.active = True
 
@@ -62,8 +62,9 @@ class ModelDrafter(Drafter):
         last = seq[-1]
         for _ in range(k):
             logits = self.runner.forward([last])[-1]
-            if self.first_allowed is not None and len(seq) + len(tokens) == self.prompt_len:
-                logits = limited(logits, self.first_allowed)  # as the target's first token is
+            allowed = self.healing.allowed(seq[self.prompt_len:] + tokens) if self.healing is not None else None
+            if allowed is not None:
+                logits = limited(logits, allowed)  # as the target's first tokens are
             if self.sampler.greedy:
                 p_top = torch.softmax(logits, -1).max()
                 if tokens and float(p_top) < self.confidence:

@@ -7,7 +7,7 @@ stale or wrong hint costs one forward and never changes the output.
 from __future__ import annotations
 
 from decoding.drafters.base import Draft, DraftContext, Drafter, Offer
-from decoding.typing_along import remains
+from decoding.agreement import remains
 
 
 class SuggestionDrafter(Drafter):

@@ -16,8 +16,6 @@
 // then takes avx512vnni.cpp's operands: activations offset by 128 to unsigned bytes (no sign trick),
 // and 128 x each output's weight sum taken off the integer sum, so the same sums; a verify row costs
 // two instructions a step where the sign trick took five here. int4 multiplies codes by x as AVX2 does.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include "ops.h"  // the ops' checks and their registration
 #include <cmath>
 #include <cstdint>
@@ -55,7 +53,7 @@ void quantize_row(const float* r, int64_t k, int8_t* out, float* scale) {
 }
 
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* scales) {
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) quantize_row(x + m * k, k, xq + m * k, scales + m);
   });
 }
@@ -174,7 +172,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   const float* sp = xs.data_ptr<float>();
   const float* sc = scale.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
     __m256i acc[2 * ROWS];
     for (int64_t b = begin; b < end; ++b) {
       const int8_t* wb = w + b * k * 16;
@@ -232,7 +230,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   const float* s = xs.data_ptr<float>();
   float* o = out.data_ptr<float>();
   const int64_t n = blocks * 16;
-  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const uint8_t* wb = w + b * k * 8;
       const at::Half *scb = sc + b * groups * 16, *lob = lo + b * groups * 16;

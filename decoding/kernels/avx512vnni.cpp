@@ -14,8 +14,6 @@
 // of 8. For block b and step s, 64 bytes: lane j's 4 bytes hold the codes of output 16b+j at inputs
 // 8s..8s+3 (low nibbles) and 8s+4..8s+7 (high nibbles). Per block and group of `group` inputs: 16
 // fp16 scales and 16 fp16 lows; a weight is code * scale + low.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include "ops.h"  // the ops' checks and their registration
 #include <cmath>
 #include <cstdint>
@@ -71,7 +69,7 @@ void quantize_row(const float* r, int64_t k, int64_t group, int8_t* q, float* sc
 void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t group, int8_t* xq, float* scales,
                    int32_t* group_sums) {
   // rows apart on threads: a prompt chunk's rows are many, a decode step's one
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m)
       quantize_row(x + m * k, k, group, xq + m * k, scales + m, group_sums + m * (k / group));
   });
@@ -162,7 +160,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   const float* xp = xc.data_ptr<float>();
   uint8_t* up = xu.data_ptr<uint8_t>();
   float* sp = xs.data_ptr<float>();
-  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) quantize_row_bytes(xp + r * k, k, 128, up + r * k, sp + r);
   });
   const int8_t* w = packed.data_ptr<int8_t>();
@@ -170,7 +168,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   const float* sc = scale.data_ptr<float>();
   float* o = out.data_ptr<float>();
   // blocks split among threads; a block's weights stay in cache while every row reads them
-  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
     __m512i acc[ROWS];
     for (int64_t b = begin; b < end; ++b) {
       const __m512i offset = _mm512_mullo_epi32(_mm512_loadu_si512(ws + b * 16), _mm512_set1_epi32(128));
@@ -221,7 +219,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   float* o = out.data_ptr<float>();
   const int64_t n = blocks * 16, groups = k / group;
   // blocks split among threads; a block's weights stay in cache while every row reads them
-  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const uint8_t* wb = w + b * k * 8;
       const at::Half *scb = sc + b * groups * 16, *lob = lo + b * groups * 16;

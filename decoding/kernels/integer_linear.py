@@ -5,11 +5,10 @@ The int4 format's linears run here where the CPU has AVX-512 VNNI, AVX-VNNI, AVX
 else on ATen's int4 kernel (decoding/models/weights.py: Int4Linear); so do Int8Linear's (the int8
 format's layers, both quantized formats' lm_head), else on `torch._int_mm`, to the same bits. Why,
 and the layouts: the .cpp file's comments. The extension is built by torch's cpp_extension (ninja) into
-$DRAFTWISE_HOME/extensions the first time (~40 s on 2 cores) and loaded from there afterwards.
+$DRAFTWISE_HOME/extensions the first time (decoding/kernels/build.py) and loaded from there afterwards.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -47,7 +46,7 @@ def problem() -> str | None:
     if isa == "neon" and not kernel_build.arm_dot_product():
         return "the CPU lacks ARM's dot-product extension (asimddp)"
     source, flags = SOURCES[isa]
-    return kernel_build.build("draftwise_integer_linear", source, flags, f"int8/int4 {isa}")
+    return kernel_build.build("draftwise_integer_linear", source, flags, "int8/int4")
 
 
 def _fit_groups(groups: torch.Tensor, refits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,43 +154,80 @@ def int8_rows_of(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return rows.reshape(*ids.shape, steps * 4)
 
 
-PACK_VERSION = 2  # bump when pack() changes: packed weights kept on disk are made again
+@functools.lru_cache(maxsize=1)
+def pack_code() -> str:
+    """A hash of the code that packs (pack, _fit_groups) and of torch's version and vector code path,
+    whose float arithmetic fits the grids: kept packed layers are named by it, so packing code changed
+    in any way is never served another version's codes."""
+    from decoding.home.cache_files import code_hash
+
+    return code_hash(_fit_groups, pack, extra=f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()} {BLOCK}")
 
 
 def cached_pack(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """pack(), kept on disk under $DRAFTWISE_HOME/packed by the weight's content: fitting each
     group's grid reads the weights ~100 times (~45 s for the 1.5B on 2 cores), a file loads in
     a fraction of that. A home that cannot be written only costs the next load the fitting again."""
+    return _cached_pack(weight, group)[0]
+
+
+def _cached_pack(weight: torch.Tensor, group: int, keep: bool = True):
+    """(cached_pack's tensors, the file they are kept in or None). Kept until the quantized model they
+    go into is (decoding/models/quantized_store.py removes them then). Two processes packing the same
+    layer: the second waits for the first's file."""
     import hashlib
 
-    from safetensors.torch import load_file, save_file
-
-    from decoding.models import paths
+    from decoding.home import cache_files, paths
 
     w = weight.detach().float().contiguous()
+    n, k = w.shape
     if w.is_meta:  # a layout only (decoding/models/quantized_store.py fills it from disk)
-        n, k = w.shape
         grid = torch.empty(n // BLOCK, k // group, BLOCK, dtype=torch.float16, device="meta")
-        return torch.empty(n // BLOCK, k // 8, 64, dtype=torch.uint8, device="meta"), grid, grid.clone()
+        return (torch.empty(n // BLOCK, k // 8, 64, dtype=torch.uint8, device="meta"), grid, grid.clone()), None
+    if not keep:
+        return pack(w, group), None
     digest = hashlib.blake2b(w.numpy().tobytes(), digest_size=16).hexdigest()
-    where = paths.draftwise_home() / "packed" / f"{digest}-g{group}-v{PACK_VERSION}.safetensors"
+    where = paths.draftwise_home() / "packed" / f"{digest}-g{group}-{pack_code()}.safetensors"
+    shapes = {"packed": ((n // BLOCK, k // 8, 64), torch.uint8), "scales": ((n // BLOCK, k // group, BLOCK), torch.float16),
+              "lows": ((n // BLOCK, k // group, BLOCK), torch.float16)}
+    if (kept := _read_packed(where, shapes)) is not None:
+        return kept, where
+    with cache_files.one_at_a_time(paths.draftwise_home(), "packed", where.name, "int4 layers"):
+        if (kept := _read_packed(where, shapes)) is not None:  # packed by another process meanwhile
+            return kept, where
+        packed, scales, lows = pack(w, group)
+        try:
+            cache_files.write_tensors(where, {"packed": packed, "scales": scales, "lows": lows})
+        except OSError as exc:
+            cache_files.could_not_keep("packed int4 weights", where.parent, exc, "the next start packs them again")
+            return (packed, scales, lows), None
+    paths.evict_least_recently_used(where.parent, PACKED_BYTES)
+    return (packed, scales, lows), where
+
+
+def _read_packed(where, shapes: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The kept packed layer, or None: none kept, or one that cannot be read or is not this layer's
+    layout (deleted: packed again)."""
+    from safetensors.torch import load_file
+
+    from decoding.home import cache_files
+
+    try:
+        seen = where.stat()
+    except OSError:
+        return None
     try:
         kept = load_file(str(where))
-        with contextlib.suppress(OSError):  # used: eviction keeps the most recently used
-            os.utime(where)
-        return kept["packed"], kept["scales"], kept["lows"]
-    except (OSError, KeyError, ValueError, RuntimeError):  # not there yet, or a torn file
-        pass
-    packed, scales, lows = pack(w, group)
-    try:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        tmp = where.with_suffix(f".tmp{os.getpid()}")
-        save_file({"packed": packed, "scales": scales, "lows": lows}, str(tmp))
-        tmp.replace(where)
-        paths.evict_least_recently_used(where.parent, PACKED_BYTES)
-    except OSError as exc:
-        log.warning("could not keep packed int4 weights in %s: %s", where.parent, exc)
-    return packed, scales, lows
+        tensors = tuple(kept[name] for name in shapes)
+        for name, t in zip(shapes, tensors):
+            if (tuple(t.shape), t.dtype) != shapes[name]:
+                raise ValueError(f"{name} is {t.dtype} {list(t.shape)}, not {shapes[name][1]} {list(shapes[name][0])}")
+    except cache_files.tensor_errors() as exc:
+        cache_files.unreadable("kept packed int4 layer", where, exc, "packing it again")
+        cache_files.discard(where, seen)
+        return None
+    cache_files.touch(where)
+    return tensors
 
 
 PACKED_BYTES = 3 << 30  # packed layers kept: a 1.5B's and a 0.5B's int4 layers with room to spare
@@ -200,11 +236,12 @@ PACKED_BYTES = 3 << 30  # packed layers kept: a 1.5B's and a 0.5B's int4 layers 
 class Q4Linear(nn.Module):
     """y = x @ W.T + bias with W in 4-bit codes and x quantized to int8 per row (avx512vnni.cpp)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: int = GROUP, keep: bool = True):
+        """keep: the packing is kept on disk (a model's layers; not a layer made to try the kernel)."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.group = group
-        packed, scales, lows = cached_pack(weight, group)
+        (packed, scales, lows), self.packed_file = _cached_pack(weight, group, keep)
         self.register_buffer("packed", packed)
         self.register_buffer("scales", scales)
         self.register_buffer("lows", lows)

@@ -1,14 +1,12 @@
 // avx512vnni.cpp's ops for aarch64 with the dot-product extension: neon_core.h's blocks, on
 // torch's threads (blocks of 16 outputs split among them, as on x86).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
 #include "ops.h"  // the ops' checks and their registration
 #include "neon_core.h"
 
 namespace {
 
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* scales) {
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) draftwise_neon::quantize_row(x + m * k, k, xq + m * k, scales + m);
   });
 }
@@ -27,7 +25,7 @@ at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   const int8_t *w = packed.data_ptr<int8_t>(), *q = xq.data_ptr<int8_t>();
   const float *sp = xs.data_ptr<float>(), *sc = scale.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
       for (int64_t r = 0; r < m; ++r)
         draftwise_neon::q8_block_row(w + b * k * 16, q + r * k, sp[r], sc + b * 16, k, o + r * n + b * 16);
@@ -53,7 +51,7 @@ at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Te
   const auto* lo = reinterpret_cast<const uint16_t*>(lows.data_ptr<at::Half>());
   const float* s = xs.data_ptr<float>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
       for (int64_t r = 0; r < m; ++r)
         draftwise_neon::q4_block_row(w + b * k * 8, sc + b * groups * 16, lo + b * groups * 16, q + r * k,

@@ -8,16 +8,19 @@ Two ops are not so in torch beyond two threads (measured with `torch.set_num_thr
   3 threads and more. `silu` here calls it on few enough rows at a time that ATen runs each call on
   one thread (fewer elements than its grain size), so every row takes the same code;
 - attention's probabilities-times-values product: BLAS split a 14-row verify forward's another way
-  at 8 threads. row_ops.cpp computes attention a (row, head) per task in an order of its own, where
-  a C++ compiler is present (built once per machine, like the int8 kernel). Elsewhere attention runs
-  on torch's batched matmul with its threads held to one while it runs (a single thread never split
-  a row's sums in any measurement, but that is BLAS's choice, not a promise: the exactness probe
-  measures it).
+  at 8 threads. row_ops.cpp computes attention a (row, head) per task in an order of its own
+  (row_ops_core.h), the same bits from every instruction set's build (plain C++ where the CPU has
+  no vector path, DRAFTWISE_ISA=portable) and every compiler; built once per machine, like the int8
+  kernel. Without a C++ compiler attention runs on torch's batched matmul with its threads held to
+  one: a single thread never split a row's sums in any measurement, but that is BLAS's choice, not a
+  promise, so that forward is not exact by construction and does not draft on a CPU
+  (decoding/runners/static.py).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from pathlib import Path
 
 import torch
@@ -25,19 +28,23 @@ from torch.nn import functional as F
 
 from decoding.kernels import build as kernel_build
 
+log = logging.getLogger(__name__)
+
 SOURCE = Path(__file__).with_name("row_ops.cpp")
 # ATen runs an element-wise op on one thread below this many elements (at::internal::GRAIN_SIZE)
 GRAIN_SIZE = 32768
-HEAD_SIZES = (32, 64, 80, 96, 128, 256)  # row_ops.cpp's cases
+HEAD_SIZES = (16, 32, 64, 80, 96, 128, 256)  # row_ops_core.h's cases
 
 
 @functools.lru_cache(maxsize=1)
 def problem() -> str | None:
     """Why the attention kernel cannot run here (None: built and loaded)."""
     isa = kernel_build.isa()
-    if isa == "portable":
-        return "DRAFTWISE_ISA=portable"
-    return kernel_build.build("draftwise_row_ops", SOURCE, kernel_build.VECTOR_FLAGS[isa], "attention")
+    why = kernel_build.build("draftwise_row_ops", SOURCE, kernel_build.vector_flags(isa), "attention")
+    if why is None:
+        built = torch.ops.draftwise_rows.build_info()
+        (log.warning if "one thread" in built else log.debug)("attention kernel for %s: %s", isa, built)
+    return why
 
 
 def attention_kernel(dtype: torch.dtype, head_dim: int) -> bool:

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 from tqdm import tqdm
 
 from decoding.errors import PackError
-from decoding.models.paths import models_dir
+from decoding.home.paths import models_dir
 from decoding.models.specs import PRESETS, Preset
 
 log = logging.getLogger(__name__)

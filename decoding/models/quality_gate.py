@@ -76,3 +76,23 @@ def eligible_formats(model_key: str | None, measured: dict[str, dict] | None = N
     per_model = [{f for f, ok in verdicts(e).items() if ok} for e in measured.values()]
     passed = sorted(set.intersection(*per_model), key=WEIGHT_FORMATS.index)
     return passed, f"quality gate: formats that passed on every measured model ({', '.join(measured)})"
+
+
+# preset name -> whether the repository as context pays (`repoContext: "auto"`): paired first-line-exact
+# differences, context on minus off, on cross-file cases (`draftwise bench --cross-file`) and on ordinary
+# ones (`--corpus-context`). Filled from the runs in docs/repository-context.md.
+REPO_CONTEXT: dict[str, dict] = {}
+
+
+def repo_context_verdict(model_key: str | None, measured: dict[str, dict] | None = None) -> tuple[bool, str]:
+    """Whether `repoContext: "auto"` turns the repository context on for this model, and why: it must gain
+    on cross-file cases (the 95% interval above zero) and lose nothing significant on ordinary ones (the
+    interval not wholly below zero). A model never measured gets it off."""
+    entry = (REPO_CONTEXT if measured is None else measured).get(model_key or "")
+    if entry is None:
+        return False, f"not measured for {model_key}: off"
+    cross, ordinary = entry["crossfile"], entry["ordinary"]
+    gains, keeps = cross["ci95"][0] > 0, ordinary["ci95"][1] >= 0
+    why = (f"cross-file cases {cross['difference_points']:+.1f} points [{cross['ci95'][0]:+.1f}, {cross['ci95'][1]:+.1f}], "
+           f"ordinary cases {ordinary['difference_points']:+.1f} [{ordinary['ci95'][0]:+.1f}, {ordinary['ci95'][1]:+.1f}]")
+    return gains and keeps, ("on: " if gains and keeps else "off: ") + why

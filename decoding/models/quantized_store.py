@@ -3,8 +3,11 @@ one safetensors file instead of reading the fp32 checkpoint and quantizing it ag
 ~2 GB read and seconds of rounding against ~0.5 GB read).
 
 A file is named by the model's files (path, sizes, times), the format and `weights.implementation`
-(kernel, instruction set, forward code): other weights or other code never read it. Writing it is
-atomic; files beyond 6 GB go least recently used first.
+(kernel, instruction set, a hash of the forward's code): other weights or other code never read it.
+Writing it is atomic, and a disk too full to take it costs the next start its quantizing, nothing
+more; a file that cannot be read is deleted and made again. Files beyond 6 GB go least recently used
+first, those of a checkpoint that is gone, and those of other code unused for a week
+(decoding/home/cache_files.py).
 """
 from __future__ import annotations
 
@@ -14,12 +17,11 @@ import json
 import logging
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
-from decoding.models import paths
+from decoding.home import cache_files, paths
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ def _checkpoint_id(source: str) -> str:
 def path_for(source: str, fmt: str) -> Path | None:
     """Where this checkpoint in `fmt` is (to be) kept, or None when its files cannot be read."""
     from decoding.kernels import integer_linear
-    from decoding.models.weights import implementation
+    from decoding.models.weights import code_hash, implementation
 
     if fmt == "int4" and not integer_linear.load():  # ATen's packing is made at load; only our kernel's is kept
         return None
@@ -48,13 +50,19 @@ def path_for(source: str, fmt: str) -> Path | None:
         model = _checkpoint_id(source)
     except OSError:
         return None
-    return paths.draftwise_home() / DIR / f"{model}-{implementation(fmt)}.safetensors"
+    cache_files.housekeeping(paths.draftwise_home(), integer_linear.pack_code(), code_hash())
+    where = paths.draftwise_home() / DIR / f"{model}-{implementation(fmt)}.safetensors"
+    _sources[where] = str(Path(source).resolve())
+    return where
+
+
+_sources: dict[Path, str] = {}  # kept file -> its checkpoint's folder: noted in the file (housekeeping)
 
 
 def save(decoder, where: Path) -> None:
-    """Keep the decoder's buffers (a tied embedding's once, with a note of what it shares)."""
-    from safetensors.torch import save_file
-
+    """Keep the decoder's buffers (a tied embedding's once, with a note of what it shares). Its int4
+    layers' packings, kept until now (decoding/kernels/integer_linear.py), are in it from then on:
+    they are removed."""
     state, shared, seen = {}, {}, {}
     for name, tensor in decoder.state_dict().items():
         if tensor is None:
@@ -65,18 +73,21 @@ def save(decoder, where: Path) -> None:
             continue
         seen[key] = name
         state[name] = tensor.contiguous()
+    with contextlib.suppress(*cache_files.tensor_errors()):
+        if set(mapped(where)[0]) == set(state):  # kept meanwhile by another start of the same model
+            return
     try:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{where.name}.", suffix=".tmp", dir=where.parent)
-        os.close(fd)
-        try:
-            save_file(state, tmp, metadata={"shared": json.dumps(shared)})
-            os.replace(tmp, where)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
-    except OSError as exc:  # a home that cannot be written costs the next start the quantizing
-        log.warning("could not keep the quantized model in %s: %s", where.parent, exc)
+        # the checkpoint it was made from: once that is gone, housekeeping removes the file
+        metadata = {"shared": json.dumps(shared), "source": _sources.get(where, "")}
+        cache_files.write_tensors(where, state, metadata=metadata)
+    except OSError as exc:
+        cache_files.could_not_keep("the quantized model", where.parent, exc, "the next start quantizes it again")
         return
+    log.info("quantized model kept in %s", where)
+    for module in decoder.modules():
+        if (packed := getattr(module, "packed_file", None)) is not None:
+            with contextlib.suppress(OSError):
+                packed.unlink()
     # other implementations' files stay (another ISA path may be forced again) until they are the
     # least recently used
     paths.evict_least_recently_used(where.parent, KEPT_BYTES)
@@ -116,23 +127,27 @@ def mapped(where: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 
 def load(decoder, where: Path) -> bool:
-    """Fill a decoder built on the meta device from the kept file; False when there is none (or it is
-    torn: the caller quantizes again)."""
+    """Fill a decoder built on the meta device from the kept file; False when there is none, or it is
+    torn or does not fit (deleted: the caller quantizes again and keeps a new one)."""
     try:
+        seen = where.stat()
         state, metadata = mapped(where)
         shared = json.loads(metadata.get("shared", "{}"))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, MemoryError) as exc:
-        log.warning("kept quantized model %s is unreadable (%s): quantizing again", where.name, exc)
+    except FileNotFoundError:  # evicted since it was looked for
         return False
-    for name, original in shared.items():
-        state[name] = state[original]
-    with contextlib.suppress(OSError):  # used: eviction keeps the most recently used
-        os.utime(where)
+    except (*cache_files.tensor_errors(), AttributeError) as exc:
+        cache_files.unreadable("kept quantized model", where, exc, "quantizing again")
+        cache_files.discard(where, seen)
+        return False
     try:
+        for name, original in shared.items():
+            state[name] = state[original]
         decoder.load_state_dict(state, strict=True, assign=True)
-    except (RuntimeError, KeyError) as exc:
-        log.warning("kept quantized model %s does not fit (%s): quantizing again", where.name, exc)
+    except (RuntimeError, KeyError, TypeError, AttributeError) as exc:
+        cache_files.unreadable("kept quantized model", where, exc, "quantizing again")
+        cache_files.discard(where, seen)
         return False
+    cache_files.touch(where)
     return True
 
 

@@ -108,6 +108,10 @@ def _linear(fmt: str, weights: list[torch.Tensor], biases: list[torch.Tensor | N
     out_features, in_features = weight.shape
     if fmt == "int4" and integer_linear.load() and integer_linear.fits(out_features, in_features):
         return integer_linear.Q4Linear(weight, bias)
+    if fmt == "int4" and integer_linear.load() and in_features % 4 == 0:
+        # a shape the int4 kernel does not take: int8 on draftwise's kernel, exact as the rest of the
+        # forward is (ATen's int4 kernel and F.linear are not row-exact by construction)
+        return Int8Linear(*int8_rows(weight), bias)
     if fmt == "int4" and out_features % 8 == 0 and in_features % INT4_GROUP == 0:
         return Int4Linear(*int4_groups(weight, INT4_GROUP), INT4_GROUP, in_features, out_features,
                           None if bias is None else bias.to(torch.bfloat16))

@@ -5,17 +5,19 @@ start on 2 cores), and gets the same ids and texts.
 What is kept is transformers' own pipeline (`backend_tokenizer.to_str()`), not the model's
 tokenizer.json: a tokenizer class may rebuild parts of that file (Qwen2's sets its own normalizer and
 pre-tokenizer). It is kept only for the classes whose calls below are that pipeline and nothing more,
-and is keyed by the tokenizer's files and the transformers version that built it. Equality with
+and is keyed by the tokenizer's files, the transformers version that built it and the code that keeps
+and reads it; one that cannot be read is deleted and built again. Equality with
 transformers' tokenizer, id for id and offset for offset: tests/models/test_tokenizer.py."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 from importlib import metadata
 from pathlib import Path
 
-from decoding.models import paths
+from decoding.home import cache_files, paths
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,7 @@ def kept_path(directory: str | Path) -> Path | None:
     if not (directory / "tokenizer.json").is_file():
         return None
     try:
-        digest = hashlib.sha256(metadata.version("transformers").encode())
+        digest = hashlib.sha256(f"{metadata.version('transformers')} {_kept_by()}".encode())
     except metadata.PackageNotFoundError:
         return None
     for name in SOURCES:
@@ -40,6 +42,11 @@ def kept_path(directory: str | Path) -> Path | None:
         except OSError:
             digest.update(name.encode())
     return paths.draftwise_home() / "tokenizers" / f"{digest.hexdigest()[:20]}.json"
+
+
+@functools.lru_cache(maxsize=1)
+def _kept_by() -> str:
+    return cache_files.code_hash(FileTokenizer.keep, FileTokenizer.read)
 
 
 class FileTokenizer:
@@ -60,16 +67,21 @@ class FileTokenizer:
         where = kept_path(directory)
         if where is None or not where.is_file():
             return None
+        seen = None
         try:
             from tokenizers import Tokenizer
 
+            seen = where.stat()
             kept = json.loads(where.read_text(encoding="utf-8"))
             backend = Tokenizer.from_str(kept["pipeline"])
             backend.encode_special_tokens = kept["encode_special_tokens"]  # not in the pipeline's JSON
-            return cls(backend, kept["eos_token"])
+            tokenizer = cls(backend, kept["eos_token"])
         except Exception as exc:  # noqa: BLE001 - unreadable: transformers builds it again
-            log.warning("kept tokenizer %s unreadable (%s): building it again", where.name, exc)
+            cache_files.unreadable("kept tokenizer", where, exc, "building it again")
+            cache_files.discard(where, seen)
             return None
+        cache_files.touch(where)  # used: the tokenizers used last are kept
+        return tokenizer
 
     @staticmethod
     def keep(directory: str | Path, built) -> None:
@@ -82,8 +94,8 @@ class FileTokenizer:
             paths.atomic_write(where, json.dumps({"class": type(built).__name__, "eos_token": built.eos_token,
                                                   "encode_special_tokens": backend.encode_special_tokens,
                                                   "pipeline": backend.to_str()}))
-        except OSError as exc:  # a read-only home costs later starts transformers' build
-            log.warning("could not keep the tokenizer in %s: %s", where, exc)
+        except OSError as exc:  # a full or read-only home costs later starts transformers' build
+            cache_files.could_not_keep("the tokenizer", where.parent, exc, "the next start builds it again")
 
     def __len__(self) -> int:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)

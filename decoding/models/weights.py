@@ -75,17 +75,24 @@ def int4_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.T
 
 class Int8Linear(nn.Module):
     """y = dequant(int8(x) @ int8(W).T) + bias: per-token activation scales, per-channel weight scales.
-    Where the VNNI kernel runs (decoding/kernels/integer_linear.py) the weights are kept in its layout and
-    it computes the same bits as `_int_mm` here, twice as fast for the few rows of a step."""
+    Where draftwise's kernel runs (decoding/kernels/integer_linear.py) the weights are kept in its layout and
+    it computes the same bits as `_int_mm` here, twice as fast for the few rows of a step. A layer
+    whose outputs are not a multiple of the kernel's blocks of 16 (an lm_head over an odd vocabulary)
+    gets zero rows up to the next block, whose outputs are dropped: it runs on the kernel too, not on
+    `_int_mm`, whose sums saturate on CPUs without VNNI."""
 
     def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = qweight.shape
-        self.vnni = integer_linear.load() and integer_linear.fits_int8(self.out_features, self.in_features)
+        padded = -(-self.out_features // integer_linear.BLOCK) * integer_linear.BLOCK
+        self.vnni = integer_linear.load() and integer_linear.fits_int8(padded, self.in_features)
         if self.vnni:
+            if padded != self.out_features:
+                qweight = torch.cat([qweight, qweight.new_zeros(padded - self.out_features, self.in_features)])
+                scale = torch.cat([scale, scale.new_ones(padded - self.out_features)])
             # a layout only on the meta device (decoding/models/quantized_store.py fills it): its
             # reductions would import torch's symbolic shapes (~1.2 s of a start)
-            sums = torch.empty(self.out_features, dtype=torch.int32, device="meta") if qweight.is_meta \
+            sums = torch.empty(padded, dtype=torch.int32, device="meta") if qweight.is_meta \
                 else qweight.sum(1, dtype=torch.int32)
             self.register_buffer("weight_sums", sums)
             qweight = integer_linear.pack_int8(qweight)
@@ -102,6 +109,8 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features).float()
         if self.vnni:
             y = torch.ops.draftwise.q8_linear(rows, self.qweight, self.weight_sums, self.scale)
+            if y.shape[1] != self.out_features:
+                y = y[:, :self.out_features]
         else:
             x_scale = (rows.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
             xq = torch.round(rows / x_scale).clamp(-127, 127).to(torch.int8)
@@ -376,7 +385,7 @@ def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None)
                 "matmul saturates its sums here (oneDNN without VNNI)")
     try:
         if kernel(fmt).startswith("q4q8"):
-            layer = integer_linear.Q4Linear(nn.Linear(128, 32).weight, None)
+            layer = integer_linear.Q4Linear(nn.Linear(128, 32).weight, None, keep=False)
         else:
             layer = (Int8Linear if fmt == "int8" else Int4Linear).from_linear(nn.Linear(128, 32))
         layer(torch.randn(2, 128, dtype=compute_dtype(fmt)))
@@ -388,10 +397,12 @@ def kernel_problem(fmt: str, device: torch.device, spec_text: str | None = None)
 @functools.lru_cache(maxsize=1)
 def int_mm_exact() -> bool:
     """Whether `torch._int_mm` sums int8 products exactly on this CPU. oneDNN without VNNI multiplies
-    with `vpmaddubsw`, whose int16 pair sums saturate: 127 x 127 rows came out tens of thousands off."""
+    with `vpmaddubsw`, whose int16 pair sums saturate: 127 x 127 rows came out tens of thousands off.
+    Where it passes, its sums are integers in any order, and int8 on it is exact by construction."""
     b = torch.full((896, 16), 127, dtype=torch.int8)
     b[:, 8:] = -127
-    for rows in (1, 2, 17):  # oneDNN picks kernels by shape: a step's row, a verify's, a chunk's
+    # oneDNN picks kernels by shape: every row count a step or a verify forward has, and a chunk's
+    for rows in (*range(1, 18), 64, 256):
         a = torch.full((rows, 896), 127, dtype=torch.int8)
         a[:, ::3] = -127
         if not torch.equal(torch._int_mm(a, b), a.int() @ b.int()):

@@ -1,7 +1,7 @@
 """Serving from an existing inference engine (vLLM, SGLang, llama.cpp's server) instead of in-process.
 
 A target spec that names a server (`openai:http://host:8000/v1#model-name`, or
-`llamacpp:http://host:8080` for llama.cpp's native `/infill`) selects `decoding.remote.engine`,
+`llamacpp:http://host:8080` for llama.cpp's native `/infill`) selects `decoding.remote.engine.RemoteEngine`,
 which offers the LSP layer the same methods as `decoding.engine.Engine`. Everything above the model
 (prompt, stop rules, post-processing, type-ahead, stats, cancellation) stays in draftwise.
 
@@ -17,6 +17,6 @@ def is_remote_target(target: str | None) -> bool:
     return bool(sep) and head.lower() in SCHEMES and rest.startswith(("http://", "https://"))
 
 
-def engine_module(target: str | None) -> str:
-    """The module whose `Engine` class serves this target."""
-    return "decoding.remote.engine" if is_remote_target(target) else "decoding.engine"
+def engine_class(target: str | None) -> tuple[str, str]:
+    """The module and the name of the class that serves this target."""
+    return ("decoding.remote.engine", "RemoteEngine") if is_remote_target(target) else ("decoding.engine", "Engine")

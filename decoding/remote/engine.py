@@ -94,7 +94,7 @@ def load_tokenizer(spec: RemoteSpec):
     from transformers import AutoTokenizer
 
     from decoding.models import pack
-    from decoding.models.loading import model_source
+    from decoding.models.checkpoint import model_source
     from decoding.models.specs import parse_model_spec
 
     problems = []
@@ -155,8 +155,8 @@ class _Streamed:
         return self.text if cut is None else self.text[:cut]
 
 
-class Engine:
-    """The remote engine (named Engine so that the LSP layer's loader finds it as it finds the local one)."""
+class RemoteEngine:
+    """The remote engine: decoding.api.CompletionEngine over an inference server's HTTP API."""
 
     def __init__(self, config: EngineConfig | None = None):
         self.config = config or EngineConfig()
@@ -478,10 +478,6 @@ class Engine:
             job.reason = "time_limit"
             job._task.cancel()
 
-    def remember(self, document: str, prefix: str, suffix: str, text: str) -> None:
-        """Suggestion memory drafts for the in-process verifier; a remote engine drafts for itself."""
-        self._require_ready()
-
     def clear_caches(self) -> None:
         """Nothing kept here; the server's prompt cache is its own."""
 
@@ -543,5 +539,3 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-
-RemoteEngine = Engine

@@ -58,7 +58,7 @@ def readable_source(path: Path, limits: FileLimits) -> tuple[str | None, str]:
         if size > limits.max_file_bytes:
             return None, "too_large"
         data = path.read_bytes()
-    except OSError as err:
+    except OSError:
         return None, "unreadable"
     if b"\0" in data[:8192]:
         return None, "binary"

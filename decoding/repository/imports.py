@@ -43,9 +43,6 @@ class Imports:
         return family(self.language) == "python" or (
             family(self.language) == "javascript" and bool(self.names or self.modules or self.star))
 
-    def module_of(self, name: str) -> str | None:
-        return self.names.get(name)
-
 
 def parse_imports(text: str, language: str) -> Imports:
     out = Imports(language)

@@ -9,7 +9,7 @@ from transformers import DynamicCache
 
 from decoding.api import CancelToken
 from decoding.kv_cache import KVStore
-from decoding.models.loading import LoadedModel
+from decoding.models.checkpoint import LoadedModel
 from decoding.runners.base import Runner
 
 

@@ -1,6 +1,6 @@
 """How long a forward of n new tokens takes on this device, measured: the cost model prices drafts
 with these tables (decoding/cost_model.py), and a draft model is kept only where its measured steps
-can pay (decoding/loading/draft_model.py)."""
+can pay (decoding/setup/draft_choice.py)."""
 from __future__ import annotations
 
 import logging
@@ -67,42 +67,43 @@ TIMES_FILE = "forward-times.json"
 
 
 def kept_forward_times(runner, repeats: int = 3, long_context: int | None = None, **kwargs) -> ForwardTimes:
-    """measure_forward_times, kept in $DRAFTWISE_HOME per model, kernel and forward code, device and
-    thread count: a later start reads them (a start took 2.4 s timing forwards). The table follows
-    the machine's drift from the first request on (ForwardTimes.observe). Quick one-repeat timings
-    (tests, `measure_cost` off) are neither read nor kept."""
+    """measure_forward_times, kept in $DRAFTWISE_HOME per model, kernel and forward code, device,
+    thread count and the timing code itself: a later start reads them (a start took 2.4 s timing
+    forwards), and of two starting together one times while the other waits for its table. The table
+    follows the machine's drift from the first request on (ForwardTimes.observe). Quick one-repeat
+    timings (tests, `measure_cost` off) are neither read nor kept."""
     import json
 
     import torch
 
-    from decoding.models import paths
-    from decoding.models.loading import device_key
+    from decoding.home import cache_files, paths
+    from decoding.models.checkpoint import device_key
     from decoding.models.specs import model_key
     from decoding.models.weights import implementation
 
     loaded = getattr(runner, "loaded", None)
     if repeats < 3 or loaded is None or loaded.spec is None:
         return measure_forward_times(runner, repeats=repeats, long_context=long_context, **kwargs)
+    timing_code = cache_files.code_hash(*TIMING_CODE)
     key = " | ".join([model_key(loaded.spec), implementation(loaded.weights), device_key(loaded.device),
-                      f"{torch.get_num_threads()} threads", f"long {long_context}", json.dumps(kwargs, sort_keys=True)])
-    file = paths.draftwise_home() / TIMES_FILE
-    try:
-        kept = json.loads(file.read_text())
-    except (OSError, ValueError):
-        kept = {}
-    try:
-        t = kept[key]
-        return ForwardTimes({int(n): s for n, s in t["by_tokens"].items()},
-                            {int(n): s for n, s in t["longer"].items()} if t["longer"] else None, tuple(t["lengths"]))
-    except (KeyError, TypeError, ValueError, AttributeError):  # not kept, or written by another version
-        pass
-    times = measure_forward_times(runner, repeats=repeats, long_context=long_context, **kwargs)
-    kept[key] = {"by_tokens": times.by_tokens, "longer": times.longer, "lengths": list(times.lengths)}
-    try:
-        paths.atomic_write(file, json.dumps(kept, indent=1))
-    except OSError as exc:  # a read-only home costs the next start the timing
-        log.warning("could not keep forward times in %s: %s", file, exc)
-    return times
+                      f"{torch.get_num_threads()} threads", f"long {long_context}", json.dumps(kwargs, sort_keys=True),
+                      f"timing {timing_code}"])
+
+    def measure() -> dict:
+        times = measure_forward_times(runner, repeats=repeats, long_context=long_context, **kwargs)
+        return {"by_tokens": times.by_tokens, "longer": times.longer, "lengths": list(times.lengths)}
+
+    entry, _ = cache_files.kept_or_measured(paths.draftwise_home() / TIMES_FILE, key, measure, "forward times",
+                                            valid=lambda kept: bool(_from_entry(kept)))
+    return _from_entry(entry)
+
+
+def _from_entry(t: dict) -> ForwardTimes:
+    """A kept table (JSON's keys are strings); KeyError, TypeError or ValueError for one written by
+    another version."""
+    return ForwardTimes({int(n): float(s) for n, s in t["by_tokens"].items()},
+                        {int(n): float(s) for n, s in t["longer"].items()} if t["longer"] else None,
+                        tuple(t["lengths"]))
 
 
 def measure_forward_times(runner, sizes=(1, 2, 4, 8, 12, 16), context: int = 128, repeats: int = 3,
@@ -172,3 +173,6 @@ def _smoothed(times: dict[int, float]) -> dict[int, float]:
     b = max(0.0, sum((n - mean_n) * (t - mean_t) for n, t in zip(ns, ts)) / var) if var else 0.0
     a = max(mean_t - b * mean_n, 1e-6)
     return {n: a + b * n for n in ns}
+
+
+TIMING_CODE = (measure_forward_times, _timed_alternating, _timed, _smoothed)  # kept tables name its hash

@@ -11,7 +11,7 @@ from bench.corpus import Case
 from bench.harness import Bench, BenchSettings, build_report_data, completion_of
 from bench.hf_baselines import cut_at_end, generate_timed
 from bench.report import REQUIRED_MODE_KEYS, markdown
-from decoding.models.loading import load_model
+from decoding.models.checkpoint import load_model
 from decoding.prompt import PromptBuilder, end_token_ids
 
 
@@ -155,6 +155,13 @@ def test_small_benchmark_run_end_to_end(tiny_model_dir, tiny_draft_dir, tmp_path
     # a repeat must not be drafted from the suggestion the engine remembered from the run before it
     assert "suggestion" not in modes["auto"]["drafted_by"]
     assert modes["none"]["drafted_tokens"] in (None, 0)
+    # the kernel that ran the engine's rows, as the engine names it; each cold engine record read its whole
+    # prompt but the token its first verify forward reads
+    kernel = data["config"]["kernels"]["engine"]
+    assert kernel.startswith("int8-") and modes["auto"]["kernel"] == kernel and "kernel" not in modes["hf-plain"]
+    for run in data["runs"]["none"] + data["runs"]["auto"]:
+        assert run["prefill_tokens"] == run["prompt_tokens"] - 1, run
+    assert data["prompt_reading"]["engine_best"] in ("none", "lookup", "model", "auto")
     typing = data["typing"]
     assert typing["cold_ms"] > 0 and typing["warm_ms"] > 0
     warm = [w for seq in typing["sequences"] for w in seq["warm"]]

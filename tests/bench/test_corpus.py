@@ -289,3 +289,36 @@ def test_quality_merge_pools_runs_counts_a_case_once_and_refuses_other_settings(
         merge_quality_runs([a, bigger], versus="m@int8")
     with pytest.raises(ValueError, match="no files"):
         merge_quality_runs([])
+
+
+def test_quality_merge_labels_runs_scores_them_again_and_breaks_them_down_by_cursor_kind(tmp_path):
+    """The same model before and after a change: `FILE=LABEL` rows of their own, paired with the row asked
+    for, overall and per cursor kind; every record scored again against its case's removed code (a run
+    scored by an older rule compares with today's)."""
+    import json
+
+    from bench.harness import merge_quality_runs
+
+    ids = ["py:a:1:mid_identifier", "py:b:2:mid_identifier", "js:c:3:end_of_line", "js:d:4:line_start"]
+    expected = {ids[0]: "tems()", ids[1]: "ng = 1", ids[2]: "\n  return x", ids[3]: "y = 2"}
+
+    def run(path, texts):
+        cases = [{"id": i, "language": i.split(":")[0], "expected": expected[i]} for i in ids]
+        records = [{"mode": "auto@int8", "case_id": i, "language": i.split(":")[0], "text": t,
+                    "first_line_exact": False, "similarity": 0.0} for i, t in zip(ids, texts)]  # stale scores
+        path.write_text(json.dumps({"config": {"target": "m", "max_tokens": 24, "context_tokens": 512},
+                                    "cases": cases[:1], "quality_cases": cases[1:], "quality_runs": {"int8": records}}))
+        return str(path)
+
+    before = run(tmp_path / "before.json", [" items()", "\nng = 1", "\n  return x", "y = 3"])
+    after = run(tmp_path / "after.json", ["tems()", "ng = 1", "\n  return x", "y = 3"])
+    q = merge_quality_runs([before, f"{after}=healing"], versus="int8")["quality"]
+    assert list(q["formats"]) == ["int8", "int8/healing"]
+    assert q["formats"]["int8"]["first_line_exact"] == 25.0  # scored again: the end-of-line case is right
+    assert q["formats"]["int8/healing"]["first_line_exact"] == 75.0
+    kinds = q["formats"]["int8/healing"]["by_kind"]
+    assert kinds["mid_identifier"]["first_line_exact"] == 100.0 and kinds["mid_identifier"]["versus"]["only_this_right"] == 2
+    assert kinds["line_start"]["versus"]["difference_points"] == 0.0
+    assert q["formats"]["int8/healing"]["by_language"]["py"]["quality_cases"] == 2
+    text = "\n".join(report.quality_markdown(q))
+    assert "First line exact by cursor kind" in text and "| 100.0% of 2, +100.0 [" in text

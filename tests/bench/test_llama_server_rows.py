@@ -52,7 +52,7 @@ def test_timing_is_the_servers_own_clock_after_the_first_token():
               "draft_n": 30, "draft_n_accepted": 21, "tokens_predicted": 48, "cache_n": 0}
     t = timing_from_server(server, speculative=True)
     assert t == {"decode_tokens": 47, "decode_ms": 1093.6, "prefill_ms": 3702.4, "reused_prompt_tokens": 0,
-                 "drafted_tokens": 30, "accepted_tokens": 21, "target_forwards": 26}
+                 "prefill_tokens": 812, "drafted_tokens": 30, "accepted_tokens": 21, "target_forwards": 26}
     # a whole accepted draft is counted before the server stops at the limit: no more than it kept
     capped = timing_from_server({"predicted_n": 5, "predicted_ms": 100.0, "draft_n": 8, "draft_n_accepted": 8}, True)
     assert capped["accepted_tokens"] == 4 and capped["target_forwards"] == 1

@@ -146,6 +146,11 @@ def test_weight_format_rows_compare_with_plain_decoding_of_their_own_format():
     ("return x + 2", "return x + 1", False, 11 / 12),
     ("", "return x", False, 0.0),
     ("\n", "\n", False, 1.0),  # an empty first line is no match to count
+    # at the end of a line the removed code starts with a line break: its lines up to the first with code
+    ("\n    foo()\n    bar()", "\n    foo()\n    baz()", True, 0.95),
+    ("\n\n    foo()", "\n\n    foo()", True, 1.0),
+    ("    foo()", "\n    foo()", False, 0.9474),  # on the cursor's line, not the next
+    ("\n    foo(x)", "\n    foo()", False, 0.9524),
 ])
 def test_completion_quality_against_the_removed_code(text, expected, exact, similar):
     got_exact, got_similar = completion_quality(text, expected)

@@ -22,3 +22,24 @@ def test_memory_is_measured_per_format_and_with_the_draft_model_loaded(tiny_mode
     assert all(isinstance(v, float) and v > 50 for v in rss.values()), rss  # a Python with torch: >50 MiB
     missing = serve_rss_mib(str(tiny_model_dir), ["int8"], draft=str(tmp_path / "no-such-draft"), timeout_s=60)
     assert isinstance(missing["int8"], float) and missing["int8+draft"].startswith("not measured: "), missing
+
+
+def test_the_first_suggestion_in_a_just_opened_file_is_timed_per_pause(tiny_model_dir):
+    """`--cold-start`: each pause's files are new to the server; after a pause the cursor hint's
+    read-ahead has the prompt, asked at once the request reads it (the tiny model: mechanics, not speed)."""
+    from bench import report
+    from bench.cold_start import PAUSES_S, cold_cases, cold_start
+
+    cases = cold_cases(1)
+    assert len(cases) == len(PAUSES_S) and len({c.source for c in cases}) == len(cases)
+    row = cold_start(str(tiny_model_dir), "int8", cases, timeout_s=120)
+    assert [r["pause_s"] for r in row["runs"]] == list(PAUSES_S) and not any(r["error"] for r in row["runs"])
+    at_once, after_3s = row["runs"][0], row["runs"][-1]
+    assert at_once["prompt_tokens"] > 500 and after_3s["prompt_tokens"] > 500
+    # read ahead while the editor paused: the request joined the suggestion started there, or found its prompt read
+    assert after_3s["answered_by"] == "idle work" or after_3s["reused_prompt_tokens"] >= after_3s["prompt_tokens"] - 1
+    assert row["pauses"]["3s"]["read_ahead_median"] >= after_3s["prompt_tokens"] - 1
+    assert row["pauses"]["3s"]["p50_ms"] > 0 and "| 3s | 1 |" in "\n".join(report.cold_start_markdown(row))
+    unhinted = cold_start(str(tiny_model_dir), "int8", cases[:1], hint=False, timeout_s=120, pauses=(1.0,))
+    assert unhinted["cursor_hint"] is False and unhinted["runs"][0]["error"] is None
+    assert unhinted["runs"][0]["answered_by"] == "request"  # no cursor: nothing started there

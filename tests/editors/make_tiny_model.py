@@ -3,7 +3,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from decoding.models.tiny import build_tiny_model
+from tests.tiny_models import build_tiny_model  # the repository on PYTHONPATH (lib.mjs)
 
 if len(sys.argv) != 2:
     sys.exit("usage: make_tiny_model.py OUT_DIR")

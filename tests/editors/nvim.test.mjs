@@ -358,6 +358,17 @@ describe('Neovim headless (tiny model)', { timeout: 600_000 }, () => {
     }
   });
 
+  test('where the cursor rests the plugin tells the server (draftwise/cursor), which starts the suggestion there', { timeout: model.replyTimeoutMs }, async () => {
+    await openFresh(nvim, file, 'rest.py');
+    const before = nvim.probe('server_stats');
+    nvim.send('<Esc>G$');
+    const after = await waitFor('the server acting on the cursor hint', () => {
+      const now = nvim.probe('server_stats');
+      return now.readAhead.cursorHints > before.readAhead.cursorHints ? now : null;
+    }, { timeoutMs: model.replyTimeoutMs });
+    assert.ok(after.idle.prefetches + after.idle.read_aheads > before.idle.prefetches + before.idle.read_aheads);
+  });
+
   test(':DraftwiseStats shows the server\'s stats', async () => {
     nvim.send('<Esc>:DraftwiseStats<CR>');
     const buffer = await waitFor('the stats window', () => {

@@ -142,7 +142,7 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
     // Each test opens a file of its own: none depends on what an earlier one left in a buffer.
     fs.writeFileSync(path.join(workspace, 'factorial.js'), REAL_JS);
     fs.writeFileSync(path.join(workspace, 'brackets.py'), REAL_SOURCE);
-    for (const name of ['words.py', 'multi.py', 'alts.py', 'toggle.py', 'timing.py']) {
+    for (const name of ['words.py', 'multi.py', 'alts.py', 'toggle.py', 'timing.py', 'rest.py']) {
       fs.writeFileSync(path.join(workspace, name), SOURCE);
     }
     vscode = await CodeServer.start({
@@ -417,6 +417,18 @@ describe('VS Code (code-server) with the draftwise extension', { timeout: 900_00
     await vscode.clickNotificationButton('inline suggestions are turned off', 'Enable Inline Suggestions');
     await waitFor('editor.inlineSuggest.enabled back on', () => vscode.userSettings()['editor.inlineSuggest.enabled'] === true,
       { timeoutMs: 10_000 });
+  });
+
+  test('where the cursor rests the extension tells the server (draftwise/cursor), which starts the suggestion there', { timeout: model.replyTimeoutMs }, async () => {
+    const uri = pathToFileURL(path.join(workspace, 'rest.py')).href;
+    await vscode.openFile('rest.py', SOURCE.split('\n')[0]);
+    await vscode.press('Control', 'End');
+    const lines = SOURCE.split('\n');
+    const end = { line: lines.length - 1, character: lines.at(-1).length };
+    const hint = await waitFor('draftwise/cursor at the end of rest.py', () => readTap(vscode.tapLog).find(({ direction, message }) =>
+      direction === 'to-server' && message.method === 'draftwise/cursor' && message.params.textDocument.uri === uri
+      && message.params.position.line === end.line && message.params.position.character === end.character), { timeoutMs: 10_000 });
+    assert.ok(hint, 'no cursor notification');
   });
 
   test('"Draftwise: Show Stats" shows the server\'s stats', async () => {

@@ -44,8 +44,8 @@ def engine(real_model):
 @pytest.fixture(scope="module")
 def reference_model(real_model):
     """A second llama.cpp instance of the same file, so the reference shares no state with the engine."""
+    from decoding.models.checkpoint import GGUF_CONTEXT_TOKENS, gguf_file
     from decoding.models.llamacpp_model import LlamaCppModel
-    from decoding.models.loading import GGUF_CONTEXT_TOKENS, gguf_file
 
     model = LlamaCppModel(gguf_file(real_model), GGUF_CONTEXT_TOKENS)
     yield model

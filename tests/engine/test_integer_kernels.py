@@ -115,6 +115,31 @@ def test_the_int8_kernel_gives_int_mms_bits_at_every_width():
             assert torch.equal(layer(x[:n]), ones[:n]), f"{n} rows against one at a time"
 
 
+def test_an_lm_head_over_an_odd_vocabulary_runs_on_the_kernel_not_on_int_mm():
+    """100 outputs, not a multiple of the kernel's blocks of 16 (vocabularies like 32,001): zero rows
+    pad it to the block, so it gets the kernel's exact sums, not `_int_mm`'s (which saturate on CPUs
+    without VNNI), and a tied embedding still reads its own rows."""
+    from decoding.models.weights import Int8Embedding, Int8Linear, int8_rows
+
+    torch.manual_seed(3)
+    table = nn.Embedding(100, 64)
+    head = Int8Linear.from_linear(nn.Linear(64, 100))
+    assert head.vnni and head.qweight.shape == (7, 16, 64)
+    x = torch.randn(9, 64) * 5
+    with torch.inference_mode():
+        got = head(x)
+        assert got.shape == (9, 100)
+        weight = integer_linear.unpack_int8(head.qweight)[:100]
+        scale = (x.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-12)
+        codes = torch.round(x / scale).clamp(-127, 127).int()
+        assert torch.equal(got, (codes @ weight.int().t()).float() * scale * head.scale[:100] + head.bias)
+        assert torch.equal(torch.cat([head(x[i:i + 1]) for i in range(9)]), got)
+    q, s = int8_rows(table.weight)
+    embedding = Int8Embedding.from_embedding(table, tied_head=Int8Linear(q, s, None))
+    ids = torch.tensor([[0, 57, 99], [15, 16, 96]])
+    assert torch.equal(embedding(ids), nn.functional.embedding(ids, q).float() * s[ids].unsqueeze(-1))
+
+
 def test_an_embedding_tied_to_a_packed_lm_head_reads_its_rows():
     from decoding.models.weights import Int8Embedding, Int8Linear, int8_rows
 
@@ -140,7 +165,7 @@ def test_packed_layers_beyond_the_limit_go_least_recently_used_first(tmp_path):
     stale = tmp_path / "layer9-g32-v2.tmp123"
     stale.write_bytes(b"x")
     os.utime(stale, (now - 7200, now - 7200))
-    from decoding.models import paths
+    from decoding.home import paths
 
     paths.evict_least_recently_used(tmp_path, limit=250)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["layer2-g32-v2.safetensors", "layer3-g32-v2.safetensors"]
@@ -227,12 +252,10 @@ def test_an_avx_vnni_laptop_gets_the_vnni_kernel_only_where_the_compiler_builds_
     monkeypatch.setattr(kernel_build.platform, "machine", lambda: "x86_64")
     monkeypatch.delenv("DRAFTWISE_ISA", raising=False)
     kernel_build.isa.cache_clear()
-    kernel_build.compiler_takes.cache_clear()
     try:
         assert kernel_build.isa() == "avxvnni" and kernel_build.runnable() == ["avxvnni", "avx2", "portable"]
-        monkeypatch.setenv("CXX", "false")
+        monkeypatch.setenv("CXX", "false")  # what the compiler takes is asked of each compiler anew
         kernel_build.isa.cache_clear()
-        kernel_build.compiler_takes.cache_clear()
         assert kernel_build.isa() == "avx2" and kernel_build.runnable() == ["avx2", "portable"]
         monkeypatch.setenv("DRAFTWISE_ISA", "avxvnni")
         kernel_build.isa.cache_clear()
@@ -240,4 +263,3 @@ def test_an_avx_vnni_laptop_gets_the_vnni_kernel_only_where_the_compiler_builds_
             kernel_build.isa()
     finally:
         kernel_build.isa.cache_clear()
-        kernel_build.compiler_takes.cache_clear()

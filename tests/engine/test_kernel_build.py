@@ -1,7 +1,8 @@
 """How a kernel is built and loaded (decoding/kernels/build.py), on a tiny extension of its own: built
-in a child process into a folder named by its code, loaded from there, built again when its code
-changes (the oldest builds evicted), never blocked or fooled by what a killed build left, and this
-process's PATH left alone."""
+in a child process into a folder named by its code and compiler, loaded from there, built again when
+its code or compiler changes (the oldest builds evicted), never blocked or fooled by what a killed
+build left, and this process's PATH left alone; a kernel that cannot be built says why in one log
+line, or stops the load where DRAFTWISE_REQUIRE_KERNELS asks for every kernel."""
 from __future__ import annotations
 
 import os
@@ -51,7 +52,7 @@ def test_a_kernel_builds_once_per_code_and_loads_without_touching_path(tmp_path,
     # changed code: a new folder. A build killed midway left a folder there without its `built` mark
     # (and torch's `lock` file, which would make torch wait forever): it is built again, not loaded.
     source.write_text(SOURCE.format(op="plus_two", add=2))
-    killed = extensions / f"{prefix}{torch.__version__}-{kernel_build._code_hash(source, ['-O3', '-fopenmp'])}"
+    killed = kernel_build.build_folder("draftwise_build_test", source, [])
     killed.mkdir()
     (killed / "lock").write_text("")
     (killed / "draftwise_build_test.so").write_text("half a library")
@@ -70,3 +71,39 @@ def test_a_failed_build_says_why_and_the_load_goes_on(tmp_path, monkeypatch):
     assert why.startswith("build failed: ") and "error" in why and "broken.cpp" in why, why
     log = next((tmp_path / "home" / "extensions").glob("*.build.log"))
     assert "this is not C++" in log.read_text() or "error" in log.read_text()
+
+
+def test_another_compiler_builds_its_own_and_a_failure_is_an_error_where_kernels_are_required(tmp_path, monkeypatch, caplog):
+    """CI builds the kernels with each toolchain users have (make test-toolchains): each compiler's
+    build is its own, never one another compiler left, and a kernel that does not build fails there
+    instead of leaving torch's ops to run."""
+    import shutil
+
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path / "home"))
+    source = tmp_path / "tiny.cpp"
+    source.write_text(SOURCE.format(op="plus_three", add=3))
+    first = kernel_build.build_folder("draftwise_build_test", source, [])
+    wrapper = tmp_path / "bin" / "c++"  # the same compiler under another name stands in for another one
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nexec {shutil.which(kernel_build.compiler())} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    assert kernel_build.build_folder("draftwise_build_test", source, []) != first
+    assert kernel_build.build("draftwise_build_test", source, [], "test") is None
+    assert (kernel_build.build_folder("draftwise_build_test", source, []) / kernel_build.BUILT).exists()
+
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    monkeypatch.setenv("DRAFTWISE_REQUIRE_KERNELS", "1")
+    with pytest.raises(kernel_build.BuildError, match="DRAFTWISE_REQUIRE_KERNELS"):
+        kernel_build.build("draftwise_build_broken", broken, [], "test")
+    monkeypatch.setenv("CXX", "/bin/false")
+    with pytest.raises(kernel_build.BuildError, match="CXX=/bin/false does not compile C"):
+        kernel_build.build("draftwise_build_test", source, [], "test")
+
+    monkeypatch.delenv("DRAFTWISE_REQUIRE_KERNELS")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="decoding.kernels.build"):
+        assert kernel_build.build("draftwise_build_test", source, [], "test") == "CXX=/bin/false does not compile C++ (exit status 1)"
+    assert [r.getMessage() for r in caplog.records] == [f"the test kernel ({kernel_build.isa()}) does not run: CXX=/bin/false "
+                                                       "does not compile C++ (exit status 1); torch's own ops run instead"]

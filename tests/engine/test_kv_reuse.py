@@ -6,7 +6,7 @@ import torch
 
 from decoding import CompletionRequest, EngineConfig
 from decoding.engine import Engine
-from decoding.models.loading import load_model
+from decoding.models.checkpoint import load_model
 from decoding.runners.hf import ModelRunner
 
 

@@ -107,7 +107,7 @@ def test_at_a_new_lines_indentation_the_prompt_stops_before_it_and_holds_no_suff
 
 def _tokenizers_to_check() -> dict:
     """The tiny model's BPE (GPT-2's word rule) and, where pulled, the real Qwen2.5-Coder tokenizer."""
-    from decoding.models.tiny import build_tokenizer
+    from tests.tiny_models import build_tokenizer
 
     out = {"tiny": build_tokenizer()}
     from decoding.models import pack
@@ -148,7 +148,7 @@ def test_the_prefix_tokenized_line_by_line_is_the_whole_prefix_tokenized():
 
 
 def test_a_keystroke_tokenizes_only_the_line_it_changed():
-    from decoding.models.tiny import build_tokenizer
+    from tests.tiny_models import build_tokenizer
 
     b = PromptBuilder(build_tokenizer(), budget=600)
     prefix = "".join(f"value_{i} = compute({i})\n" for i in range(300)) + "result = comp"

@@ -7,7 +7,7 @@ import torch
 
 from decoding.kernels import integer_linear, row_ops
 from decoding.models import quantized_store, weights
-from decoding.models.loading import load_model
+from decoding.models.checkpoint import load_model
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])

@@ -165,7 +165,7 @@ def test_attention_computes_the_same_bits_on_every_instruction_set():
 
 @pytest.mark.real_model
 def test_the_real_model_on_real_code_is_row_exact_at_eight_threads():
-    from decoding.models.loading import load_model
+    from decoding.models.checkpoint import load_model
     from pathlib import Path
 
     import decoding.speculative

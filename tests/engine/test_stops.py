@@ -9,7 +9,7 @@ import torch
 from decoding import CompletionRequest, EngineConfig
 from decoding.drafters.base import Draft, Drafter, Offer
 from decoding.engine import Engine
-from decoding.speculative import Stop, StopRule, TimeCap
+from decoding.speculative import Stop, EndCondition, TimeCap
 from tests.engine.healed import HealedPrompt, last_logits
 
 EOS = 0
@@ -19,11 +19,11 @@ NL = 99
 
 
 def rule(text_rule=lambda text: None, final_rule=lambda text: None, max_tokens=10, deadline=None,
-         whole_lines=True) -> StopRule:
+         whole_lines=True) -> EndCondition:
     """deadline: a time.monotonic() value, as a started time cap has."""
     # Token i decodes to the letter chr(ord('a') + i), NL to a line break; EOS decodes to nothing.
     decode = lambda ids: "".join("\n" if i == NL else chr(ord("a") + i) for i in ids if i != EOS)  # noqa: E731
-    return StopRule(frozenset({EOS}), max_tokens, decode, text_rule, final_rule, TimeCap(deadline=deadline), whole_lines)
+    return EndCondition(frozenset({EOS}), max_tokens, decode, text_rule, final_rule, TimeCap(deadline=deadline), whole_lines)
 
 
 def test_an_end_of_text_inside_an_accepted_run_keeps_only_what_comes_before_it():
@@ -58,7 +58,7 @@ def test_raw_output_ending_in_an_unfinished_utf8_sequence_keeps_only_the_finishe
     """The "full" scope has no final rule: its text is the raw output, minus a character whose
     bytes are not all there yet (plain decoding's text, as the benchmark decodes it)."""
     decode = lambda ids: "ab\ufffd" if len(ids) == 3 else "ab"  # noqa: E731 - the third token starts a character
-    r = StopRule(frozenset({EOS}), 3, decode, lambda text: None, lambda text: None)
+    r = EndCondition(frozenset({EOS}), 3, decode, lambda text: None, lambda text: None)
     stop = r.check([1, 2, 3])
     assert stop == Stop("max_tokens", 3, 2) and stop.text([1, 2, 3], decode) == "ab"
 
@@ -143,7 +143,8 @@ def test_an_accepted_draft_past_a_line_end_gives_the_plain_line(engine, monkeypa
     """A draft of the model's own next 40 tokens is accepted in one step, past the end of the line:
     the line scope's stop rule still ends the text where plain decoding ends it."""
     cut_back = 0
-    for n, prefix in enumerate(["for i in range(10):\n    print(", "x = [", "def f(a, b):\n    return a", "if x:\n    y"]):
+    for n, prefix in enumerate(["for i in range(10):\n    print(", "x = [", "def f(a, b):\n    return a", "if x:\n    y",
+                                "def f(a, b):\n    return a + ", "values = [1, 2, 3]\n"]):
         request = CompletionRequest(prefix=prefix, scope="line", drafter="none", document=f"plain-{n}")
         plain = engine.complete(request)
         if plain.stats.stopped != "stop_rule":
@@ -157,7 +158,7 @@ def test_an_accepted_draft_past_a_line_end_gives_the_plain_line(engine, monkeypa
         assert drafted.text == plain.text
         s = drafted.stats
         assert s.stopped == "stop_rule" and s.target_forwards < plain.stats.target_forwards
-        accepted_text = engine.models.decode(oracle[:s.accepted_tokens])
+        accepted_text = HealedPrompt(engine, request).text(oracle[:s.accepted_tokens])
         assert accepted_text.startswith(drafted.text)
         cut_back += len(accepted_text) > len(drafted.text)
     # where a draft was accepted past the line end (not every prefix's line ends inside a draft)

@@ -12,7 +12,7 @@ import pytest
 
 from decoding.errors import ModelNotAvailable, ModelSpecError, PackError
 from decoding.models import pack
-from decoding.models.loading import load_model
+from decoding.models.checkpoint import load_model
 from decoding.models.specs import PRESETS, Preset, parse_model_spec
 
 

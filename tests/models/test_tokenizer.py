@@ -11,8 +11,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from decoding.api import CompletionRequest
-from decoding.healing import BlankHealing
-from decoding.models.loading import _tokenizer, model_source, parse_model_spec
+from decoding.healing import Healing
+from decoding.models.checkpoint import _tokenizer, model_source, parse_model_spec
 from decoding.models.tokenizer import FileTokenizer
 from decoding.prompt import PromptBuilder
 
@@ -55,10 +55,12 @@ def assert_same(fast, hf):
                 hf.decode(ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False), ids
     assert fast.batch_decode([[i] for i in range(50)], clean_up_tokenization_spaces=False) == \
         hf.batch_decode([[i] for i in range(50)], clean_up_tokenization_spaces=False)
-    # what the engine builds from them: prompts (with offsets and blank healing) and healing's tables
+    # what the engine builds from them: prompts (with offsets and healing) and healing's tables
     request = CompletionRequest(prefix="".join(TEXTS[11:14]) + "\n    ", suffix=TEXTS[12], path="a.py")
     assert PromptBuilder(fast, 256).build_request(request, heal=True) == PromptBuilder(hf, 256).build_request(request, heal=True)
-    assert BlankHealing(fast, len(hf))._by_lead == BlankHealing(hf, len(hf))._by_lead
+    ours, theirs = Healing(fast, len(hf)), Healing(hf, len(hf))
+    assert ours.texts.of == theirs.texts.of
+    assert all(ours.split(text[:cut]) == theirs.split(text[:cut]) for text in TEXTS for cut in range(0, len(text), 7))
 
 
 def test_the_tiny_models_kept_tokenizer_is_transformers_own(tiny_model_dir, tmp_path, monkeypatch):
@@ -102,7 +104,7 @@ def test_a_second_start_loads_nothing_of_transformers(tiny_model_dir, tmp_path):
     code = ("import sys\nfrom decoding.api import EngineConfig\nfrom decoding.engine import Engine\n"
             f"e = Engine(EngineConfig(target={str(tiny_model_dir)!r}, weights='int8'))\ne.load()\n"
             "print(type(e.models.tokenizer).__name__, 'transformers' in sys.modules)")
-    from decoding.models import paths
+    from decoding.home import paths
 
     (paths.draftwise_home() / "extensions").mkdir(parents=True, exist_ok=True)  # the kernels as built already
     (tmp_path / "extensions").symlink_to(paths.draftwise_home() / "extensions")

@@ -153,3 +153,26 @@ def test_the_protocol_says_which_settings_reload_the_models():
     for key, value in values.items():
         reloads = Settings().needs_reload(apply_settings(Settings(), {key: value}).settings)
         assert table[key][-1] == ("yes" if reloads else "no"), key
+
+
+def test_repo_context_auto_follows_the_models_measured_verdict():
+    """`repoContext: "auto"` (the default) is on exactly where the engine says the repository pays for the
+    loaded model; true and false are the user's word."""
+    from decoding.models.quality_gate import repo_context_verdict
+
+    assert Settings().repo_context is None
+    assert Settings().repo_context_on(True) and not Settings().repo_context_on(False)
+    for value, expected in [(True, True), (False, False), ("auto", None), (None, None)]:
+        update = apply_settings(Settings(repo_context=True), {"repoContext": value})
+        assert update.problems == [] and update.settings.repo_context is expected
+    assert apply_settings(Settings(), {"repoContext": "yes"}).problems
+    measured = {"m": {"crossfile": {"difference_points": 6.4, "ci95": [1.8, 11.8]},
+                      "ordinary": {"difference_points": -0.5, "ci95": [-3.0, 2.0]}},
+                "weak": {"crossfile": {"difference_points": 2.7, "ci95": [-2.7, 8.2]},
+                         "ordinary": {"difference_points": 0.0, "ci95": [-3.0, 3.0]}},
+                "costly": {"crossfile": {"difference_points": 6.4, "ci95": [1.8, 11.8]},
+                           "ordinary": {"difference_points": -4.0, "ci95": [-7.0, -1.0]}}}
+    assert repo_context_verdict("m", measured)[0] is True
+    assert repo_context_verdict("weak", measured)[0] is False  # no significant gain
+    assert repo_context_verdict("costly", measured)[0] is False  # a significant loss on ordinary cases
+    assert repo_context_verdict("never-measured", measured) == (False, "not measured for never-measured: off")

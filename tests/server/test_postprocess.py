@@ -115,3 +115,31 @@ def test_the_mid_word_rule_needs_a_word_character_on_both_sides():
     assert not mid_word("value ", "= 1")
     assert not mid_word("print(", "x)")
     assert not mid_word("value", "")  # the end of a word: completing it is the point
+
+
+@pytest.mark.parametrize("prefix,text,suffix,broken", [
+    # indentation after a word: the line would break
+    ("class A:\n    def f(self):\n        s", "        self.data = 1", "", True),
+    ("def f(default=1):\n    d", "         default=default,", "", True),
+    ("x = value", "\tmore", "", True),
+    ("x = value", "  # a comment after two blanks (PEP 8)", "", False),
+    # the word's letters typed again, making a word the document has nowhere else
+    ("function factorial(n) {\n  return n", "n * factorial(n - 1);", "\n}", True),
+    ("for op in ops:\n    ha", "hasjabs.append(op)", "", True),
+    ("xx = 1\nprint(x", "x)", "", False),  # `xx` is a name the document has
+    # a name the document knows, then a blank or a line end: how code goes on
+    ("function factorial(n) {\n  return n", " * factorial(n - 1);", "\n}", False),
+    ("total = 0\nx = total", "\ny = 2", "", False),
+    # a new name, then a blank: the model decided the word is whole
+    ("def f():\n    total", " = 0", "", False),
+    # a lone word cut short, then a line end
+    ("def f():\n    se", "\n    return", "", True),
+    ("def f():\n    return", "\n", "", False),  # a keyword
+    # no word before the cursor, or the word goes on
+    ("def f():\n    ", "    x = 1", "", False),
+    ("x = se", "lf.data", "", False),
+])
+def test_a_text_that_would_break_the_word_before_the_cursor_is_not_shown(prefix, text, suffix, broken):
+    from lsp_server.postprocess import breaks_the_word
+
+    assert breaks_the_word(text, prefix, suffix) is broken

@@ -103,7 +103,7 @@ async def test_stats_describe_the_loaded_model(vscode, tiny_model_dir):
     assert s["dtype"] == str(compute_dtype(s["weights"])).removeprefix("torch.")
     assert set(s) >= {"last", "cumulative", "requests", "suggestions"}
     # whether drafting is lossless on the target's forward (the exactness probe's verdict)
-    assert set(s["verify"]) == {"exact_width", "lossless"}
+    assert set(s["verify"]) == {"exact_width", "lossless", "exact"}
     assert s["verify"]["lossless"] == (s["verify"]["exact_width"] >= 2) == (s["draftingOff"] is None)
 
 

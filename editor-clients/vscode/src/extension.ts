@@ -18,6 +18,11 @@ import {
 
 const SECTION = 'draftwise';
 const STATS_REQUEST = 'draftwise/stats';
+// Where the cursor rests: the server starts the suggestion there (or reads its prompt) before the
+// editor asks, so the first request after opening a file or moving to a place finds it under way.
+const CURSOR_NOTIFICATION = 'draftwise/cursor';
+// How long the cursor must stay put: moving through a file sends nothing.
+const CURSOR_REST_MS = 150;
 const PARTIALLY_ACCEPTED_COMMAND = 'draftwise.partiallyAccepted';
 // Settings that change how the process starts; the rest reach the running server as a notification.
 const PROCESS_KEYS = ['server.command', 'server.args', 'server.env', 'languages'];
@@ -329,6 +334,31 @@ class DraftwiseClient implements vscode.Disposable {
   // Whether the server last said its models are ready; its change to true asks again.
   private modelsReady = false;
   private unanswered: UnansweredRequest | undefined;
+  private cursorTimer: NodeJS.Timeout | undefined;
+
+  /** The cursor moved (or an editor came to the front): tell the server once it rests there. */
+  cursorMoved(editor: vscode.TextEditor | undefined): void {
+    clearTimeout(this.cursorTimer);
+    if (editor === undefined) {
+      return;
+    }
+    this.cursorTimer = setTimeout(() => this.cursorRested(editor), CURSOR_REST_MS);
+  }
+
+  private cursorRested(editor: vscode.TextEditor): void {
+    const client = this.client;
+    const document = editor.document;
+    if (client === undefined || client.state !== State.Running || editor !== vscode.window.activeTextEditor
+      || !editor.selection.isEmpty || vscode.languages.match(this.documentSelector, document) === 0
+      || this.enablement.offReason(document) !== undefined) {
+      return;
+    }
+    const position = editor.selection.active;
+    void client.sendNotification(CURSOR_NOTIFICATION, {
+      textDocument: { uri: document.uri.toString() },
+      position: { line: position.line, character: position.character },
+    });
+  }
 
   async start(): Promise<void> {
     const config = vscode.workspace.getConfiguration(SECTION);
@@ -723,6 +753,7 @@ class DraftwiseClient implements vscode.Disposable {
   async stop(): Promise<void> {
     clearTimeout(this.pollTimer);
     clearTimeout(this.refreshTimer);
+    clearTimeout(this.cursorTimer);
     const client = this.client;
     this.client = undefined;
     if (client !== undefined && client.state !== State.Stopped) {
@@ -768,12 +799,17 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
     vscode.commands.registerCommand('draftwise.acceptNextWord', () => instance.acceptPart('word')),
     vscode.commands.registerCommand('draftwise.acceptNextLine', () => instance.acceptPart('line')),
     vscode.workspace.onDidChangeConfiguration((event) => instance.onConfigurationChanged(event)),
-    vscode.window.onDidChangeActiveTextEditor(() => instance.updateEnablement()),
+    vscode.window.onDidChangeActiveTextEditor((editor) => {
+      instance.updateEnablement();
+      instance.cursorMoved(editor);
+    }),
+    vscode.window.onDidChangeTextEditorSelection((event) => instance.cursorMoved(event.textEditor)),
     instance.enablement.onDidChange(() => instance.updateEnablement()),
   );
   void instance.checkInlineSuggest();
   await instance.start();
   instance.updateEnablement();
+  instance.cursorMoved(vscode.window.activeTextEditor);
 }
 
 export async function deactivate(): Promise<void> {

@@ -413,6 +413,33 @@ local function schedule(bufnr)
   end))
 end
 
+-- How long the cursor must stay put before the server is told where it rests (moving through a file
+-- sends nothing): it starts the suggestion there, or reads its prompt, before anything is asked.
+local CURSOR_REST_MS = 150
+
+local function cursor_rested(bufnr)
+  local state = buffers[bufnr]
+  local client = draftwise().client()
+  if not state or not client or vim.api.nvim_get_current_buf() ~= bufnr or not draftwise().is_enabled(bufnr) then
+    return
+  end
+  local params = compat.position_params(0, client.offset_encoding)
+  compat.notify(client, 'draftwise/cursor', { textDocument = params.textDocument, position = params.position })
+end
+
+local function schedule_cursor(bufnr)
+  local state = buffers[bufnr]
+  if not state then
+    return
+  end
+  state.cursor_timer = state.cursor_timer or compat.uv.new_timer()
+  state.cursor_timer:start(CURSOR_REST_MS, 0, vim.schedule_wrap(function()
+    if vim.api.nvim_buf_is_valid(bufnr) then
+      cursor_rested(bufnr)
+    end
+  end))
+end
+
 ---@return draftwise.Suggestion?
 local function current()
   return shown(vim.api.nvim_get_current_buf())
@@ -590,6 +617,13 @@ function M.attach(bufnr, client)
       end
     end,
   })
+  vim.api.nvim_create_autocmd({ 'CursorMoved', 'CursorMovedI', 'BufEnter' }, {
+    group = group,
+    buffer = bufnr,
+    callback = function()
+      schedule_cursor(bufnr)
+    end,
+  })
   vim.api.nvim_create_autocmd({ 'InsertLeave', 'BufLeave' }, {
     group = group,
     buffer = bufnr,
@@ -607,6 +641,9 @@ function M.attach(bufnr, client)
   if client and vim.api.nvim_get_current_buf() == bufnr and in_insert_mode() then
     schedule(bufnr)
   end
+  if client and vim.api.nvim_get_current_buf() == bufnr then
+    schedule_cursor(bufnr)
+  end
 end
 
 function M.detach(bufnr)
@@ -615,10 +652,13 @@ function M.detach(bufnr)
     return
   end
   M.clear(bufnr)
-  if state.timer then
-    state.timer:stop()
-    if not state.timer:is_closing() then
-      state.timer:close()
+  for _, key in ipairs({ 'timer', 'cursor_timer' }) do
+    local timer = state[key]
+    if timer then
+      timer:stop()
+      if not timer:is_closing() then
+        timer:close()
+      end
     end
   end
   pcall(vim.api.nvim_del_augroup_by_id, state.group)

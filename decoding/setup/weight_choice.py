@@ -2,14 +2,15 @@
 
 CUDA gets bf16. On a CPU every eligible format is loaded once and timed on the requests users wait
 for (WORKLOADS below: mostly requests while typing, some cold); the timings are kept in
-$DRAFTWISE_HOME, keyed by model, CPU, torch version and thread count, so later starts only load the
-winner. A format whose kernel is missing or fails
-gives one log line and the next format.
+$DRAFTWISE_HOME, keyed by model, CPU, torch version, thread count and the code that runs and times
+each format, so later starts only load the winner. Two starts of one model together time it once: the
+second waits for the first's timings. A format whose kernel is missing or fails gives one log line
+and the next format.
 """
 from __future__ import annotations
 
+import functools
 import gc
-import json
 import logging
 import statistics
 import time
@@ -18,9 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 from decoding.errors import DraftwiseError
-from decoding.models import paths, quality_gate
-from decoding.models.paths import atomic_write
-from decoding.models.loading import device_key
+from decoding.home import cache_files, paths
+from decoding.models import quality_gate
+from decoding.models.checkpoint import device_key
 from decoding.models.specs import model_key
 from decoding.models.weights import FORMATS, implementation, kernel_problem, quantization_measured
 
@@ -99,33 +100,52 @@ def time_format(loaded, context: int = 128, repeats: int = 3) -> FormatTiming:
 
 
 class TimingCache:
+    """Weight formats' timings per model and device, each kept under its implementation (kernel, ISA,
+    forward code) and the timing code: another kernel or code is timed again."""
+
+    MODELS = 64  # models (and devices) kept: those timed last
+
     def __init__(self, path: Path | None = None):
         self.path = path or paths.draftwise_home() / CACHE_FILE
 
-    def _read(self) -> dict:
-        try:
-            return json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
+    @staticmethod
+    def _name(fmt: str) -> str:
+        return f"{implementation(fmt)} | timing {timing_code()}"
 
     def get(self, key: str) -> dict[str, FormatTiming]:
-        entry = self._read().get(key, {})
-        try:  # kept per kernel (implementation): a format's new kernel is timed again
-            return {f: FormatTiming(**t) for k, t in entry.items()
-                    if (f := k.split("-", 1)[0]) in FORMATS and implementation(f) == k}
-        except TypeError:  # written by another version
-            return {}
+        entry = cache_files.read_record(self.path).get(key, {})
+        timings = {}
+        for name, t in (entry.items() if isinstance(entry, dict) else ()):
+            fmt = name.split("-", 1)[0]
+            if fmt in FORMATS and self._name(fmt) == name:
+                try:
+                    timings[fmt] = FormatTiming(**t)
+                except TypeError:  # written by another version
+                    pass
+        return timings
 
     def put(self, key: str, fmt: str, timing: FormatTiming) -> None:
-        data = self._read()
-        # forget models whose directory is gone (tests, moved checkouts)
-        data = {k: v for k, v in data.items() if not k.startswith("/") or Path(k.split(" | ")[0]).exists()}
-        data.setdefault(key, {})[implementation(fmt)] = asdict(timing)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps(data, indent=1))
-        except OSError as exc:  # a read-only home only costs the next start a measurement
-            log.warning("could not keep weight timings in %s: %s", self.path, exc)
+        """Kept under the record's lock, read and written inside it: another start's formats stay."""
+        def change(data: dict) -> None:
+            # forget models whose directory is gone (tests, moved checkouts)
+            for k in [k for k in data if k.startswith("/") and not Path(k.split(" | ")[0]).exists()]:
+                del data[k]
+            entry = data.pop(key, None)
+            entry = entry if isinstance(entry, dict) else {}
+            entry[self._name(fmt)] = asdict(timing)
+            data[key] = entry  # last: written last, evicted last
+
+        cache_files.update_record(self.path, change, entries=self.MODELS)
+
+    def one_at_a_time(self, key: str):
+        """Held while this start times `key`'s formats: another start of the same model waits, then
+        reads them."""
+        return cache_files.one_at_a_time(self.path.parent, self.path.name, key, "weight format timings")
+
+
+@functools.lru_cache(maxsize=1)
+def timing_code(timed_by: Callable = time_format) -> str:
+    return cache_files.code_hash(timed_by, extra=f"verify {REFERENCE['verify_tokens']}")
 
 
 Loader = Callable[[str], object]  # format -> LoadedModel
@@ -144,6 +164,27 @@ def _runnable(candidates: list[str], device, not_eligible: dict[str, str], spec_
         else:
             out.append(fmt)
     return out
+
+
+# A checkpoint this large spends a step reading its weights: a float format (4 or 2 bytes a weight) cannot
+# beat int8 or int4 (1 or ~0.6) on a CPU where our integer kernels run, so it is not timed there.
+FLOATS_CANNOT_WIN_BYTES = 256 << 20
+
+
+def _winnable(candidates: list[str], spec_text: str, not_eligible: dict[str, str]) -> list[str]:
+    """The formats worth timing: float formats only where no integer format of ours runs here, or for a
+    checkpoint small enough that a forward is not its weights' reading (the tests' tiny model)."""
+    from decoding.kernels import integer_linear
+    from decoding.models.checkpoint import checkpoint_bytes
+
+    floats = [f for f in candidates if f in ("fp32", "bf16", "fp16")]
+    integers = [f for f in candidates if f in ("int8", "int4")]
+    if not floats or not integers or not integer_linear.load() or checkpoint_bytes(spec_text) < FLOATS_CANNOT_WIN_BYTES:
+        return candidates
+    for fmt in floats:
+        not_eligible[fmt] = (f"not timed: a step reads {'four' if fmt == 'fp32' else 'two'} bytes a weight, where "
+                             f"{' and '.join(integers)} on draftwise's kernels read one or less")
+    return [f for f in candidates if f not in floats]
 
 
 def _pick(timings: dict[str, FormatTiming], fastest: str, quality: dict[str, float]) -> str:
@@ -168,6 +209,28 @@ def _gated(gate: Callable[[str], tuple[list[str], str]], key: str, not_eligible:
     return candidates, why
 
 
+def _time_formats(formats: list[str], load: Loader, cache: TimingCache, key: str, timings: dict[str, FormatTiming],
+                  not_eligible: dict[str, str]):
+    """Load and time each format, keeping each timing as it comes; returns the last one loaded (None
+    when none loaded)."""
+    loaded = None
+    for fmt in formats:
+        loaded = None
+        gc.collect()
+        try:
+            loaded = load(fmt)
+            timings[fmt] = time_format(loaded)
+        except DraftwiseError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken kernel costs this format, not the load
+            log.warning("weights %s skipped: timing failed: %s: %s", fmt, type(exc).__name__, exc)
+            not_eligible[fmt] = f"failed when timed: {type(exc).__name__}"
+            continue
+        cache.put(key, fmt, timings[fmt])
+        log.info("weights %s on %s: %s", fmt, key.rsplit(" | ", 1)[-1], timings[fmt])
+    return loaded
+
+
 def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | None = None,
                     gate: Callable[[str], tuple[list[str], str]] = quality_gate.eligible_formats):
     """Load the model in the format `auto` picks. Returns (LoadedModel, WeightsChoice)."""
@@ -181,27 +244,21 @@ def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | 
         candidates, why = list(FORMATS), "a draft model may use any format: the output stays the target's"
     else:
         candidates, why = _gated(gate, key, not_eligible)
-    candidates = _runnable(candidates, device, not_eligible, spec.value)
+    candidates = _winnable(_runnable(candidates, device, not_eligible, spec.value), spec.value, not_eligible)
     if not candidates:
         raise DraftwiseError(f"no weight format can run for {key} on {device}: {not_eligible}")
     cache = cache or TimingCache()
     where = device_key(device)
     timings = {f: t for f, t in cache.get(f"{key} | {where}").items() if f in candidates}
     loaded = None
-    for fmt in sorted(set(candidates) - set(timings), key=TIMING_ORDER.index):
-        loaded = None
-        gc.collect()
-        try:
-            loaded = load(fmt)
-            timings[fmt] = time_format(loaded)
-        except DraftwiseError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a broken kernel costs this format, not the load
-            log.warning("weights %s skipped: timing failed: %s: %s", fmt, type(exc).__name__, exc)
-            not_eligible[fmt] = f"failed when timed: {type(exc).__name__}"
-            continue
-        cache.put(f"{key} | {where}", fmt, timings[fmt])
-        log.info("weights %s on %s: %s", fmt, where, timings[fmt])
+    if set(candidates) - set(timings):
+        with cache.one_at_a_time(f"{key} | {where}"):
+            # what another start timed while this one waited is read, not timed again
+            timings.update({f: t for f, t in cache.get(f"{key} | {where}").items() if f in candidates})
+            missing = sorted(set(candidates) - set(timings), key=TIMING_ORDER.index)
+            if missing:
+                log.info("measuring weight format timings for %s | %s: %s", key, where, ", ".join(missing))
+            loaded = _time_formats(missing, load, cache, f"{key} | {where}", timings, not_eligible)
     if not timings:
         raise DraftwiseError(f"no weight format could be timed for {key}: {not_eligible}")
     fastest = min(timings, key=lambda f: timings[f].reference_s)
@@ -226,7 +283,7 @@ def load_weights(spec_text: str, requested: str, device: str, dtype: str, trust_
     """Load a model in the requested weight format, `auto` included. Returns (LoadedModel, WeightsChoice)."""
     from decoding.api import WEIGHT_FORMATS
     from decoding.errors import ModelSpecError
-    from decoding.models.loading import load_model, model_source, resolve_device
+    from decoding.models.checkpoint import load_model, model_source, resolve_device
     from decoding.models.specs import parse_model_spec
 
     if requested not in WEIGHT_FORMATS:

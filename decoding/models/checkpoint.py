@@ -91,6 +91,22 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
+def checkpoint_bytes(spec_text: str) -> int:
+    """The size of a local checkpoint's weight files (0 where there are none here: a hub id, a remote)."""
+    from decoding.models.specs import parse_model_spec
+
+    try:
+        spec = parse_model_spec(spec_text)
+        if spec.kind == "gguf":
+            return Path(spec.value).stat().st_size
+        if spec.kind not in ("preset", "hf_dir"):  # a hub id: weighing it could start a download
+            return 0
+        folder = Path(model_source(spec)[0])
+        return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    except Exception:  # noqa: BLE001 - not pulled, unreadable: nothing to weigh
+        return 0
+
+
 def model_source(spec: ModelSpec) -> tuple[str, dict]:
     """Where from_pretrained should read, and the extra arguments it needs."""
     if spec.kind == "preset":

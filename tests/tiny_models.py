@@ -1,6 +1,7 @@
 """A tiny, randomly initialised Qwen2-architecture model with a real BPE tokenizer and FIM tokens.
 
-Tests of the engine and the server use it: it loads through the same code path as the real models
+Tests of the engine and the server use it (tests/conftest.py's fixtures; the editor tests through
+tests/editors/make_tiny_model.py): it loads through the same code path as the real models
 (a Hugging Face directory with safetensors), runs in milliseconds, and is deterministic for a seed.
 It writes nonsense, which is fine: what tests check is that speculative output equals plain output.
 """

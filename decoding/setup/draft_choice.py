@@ -14,7 +14,7 @@ log = logging.getLogger("draftwise.loading")
 
 
 def add_draft_model(models, cfg: EngineConfig) -> None:
-    """Load cfg.draft into decoding.loading.LoadedModels `models` where it can pay; a draft model that
+    """Load cfg.draft into decoding.setup.LoadedModels `models` where it can pay; a draft model that
     fails to load leaves the target serving alone, and `draft_note` says why."""
     try:
         _add_draft_model(models, cfg)
@@ -25,7 +25,7 @@ def add_draft_model(models, cfg: EngineConfig) -> None:
 
 def _add_draft_model(models, cfg: EngineConfig) -> None:
     from decoding.drafters.draft_model import ModelDrafter
-    from decoding.loading.weight_choice import load_weights
+    from decoding.setup.weight_choice import load_weights
     from decoding.runners import runner_for
 
     free, need = _available_memory_bytes(models.target.device), _checkpoint_bytes(cfg.draft)

@@ -1,10 +1,10 @@
-"""The one rule for typing along a suggestion (decoding/typing_along.py), as type-ahead, idle work's
+"""The one rule for typing along a suggestion (decoding/agreement.py), as type-ahead, idle work's
 prediction, a job told what the user typed and the suggestion drafter use it."""
 from __future__ import annotations
 
 import pytest
 
-from decoding.typing_along import agrees, remains, typed_since
+from decoding.agreement import agrees, remains, typed_since
 
 RULES = {"agrees": agrees, "remains": remains, "typed_since": typed_since}
 

@@ -1,19 +1,29 @@
 """Loading what an engine runs, in one home: the target, its tokenizer and prompt format, the drafters
 and the cost model (here); the format each model runs in (`weight_choice`); a draft model only where
-it can pay on this device (`draft_model`). How one model's files are read and quantized is the
-models' own business (decoding/models/loading.py); how long its forwards take, the runners'
+it can pay on this device (`draft_choice`). How one model's files are read and quantized is the
+models' own business (decoding/models/checkpoint.py); how long its forwards take, the runners'
 (decoding/runners/timing.py)."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from decoding.api import EngineConfig, Progress
 from decoding.cost_model import CostModel
 from decoding.runners.timing import kept_forward_times
 from decoding.drafters.base import Drafter
 from decoding.policy import DraftPolicy
+
+if TYPE_CHECKING:  # for the annotations only: at run time these load later, in the functions that need them
+    from decoding.api import CompletionRequest, RequestStats
+    from decoding.models.checkpoint import LoadedModel
+    # Healing as decoding.prompt has it (PromptBuilder.healing): an import of decoding.healing itself would
+    # be this module's eighth sibling (tests/test_import_graph.py allows seven)
+    from decoding.prompt import Healing, PromptBuilder, PromptParts
+    from decoding.runners.base import Runner
+    from decoding.setup.target_choice import TargetChoice
+    from decoding.setup.weight_choice import WeightsChoice
 
 log = logging.getLogger("draftwise.loading")
 
@@ -22,7 +32,7 @@ log = logging.getLogger("draftwise.loading")
 LONG_CACHE = 512
 
 
-def long_cache(runner) -> int | None:
+def long_cache(runner: Runner) -> int | None:
     """The longer cache the cost model times forwards on, or None: none where drafting is off (no
     draft to price), and within the runner's positions."""
     if not runner.verify_exact:
@@ -33,20 +43,21 @@ def long_cache(runner) -> int | None:
 
 @dataclass
 class LoadedModels:
-    target: Any  # decoding.models.loading.LoadedModel
-    weights: Any  # decoding.loading.weight_choice.WeightsChoice of the target
-    prompts: Any  # decoding.prompt.PromptBuilder
+    target: LoadedModel
+    weights: WeightsChoice  # of the target
+    prompts: PromptBuilder
     end_ids: frozenset[int]
-    target_runner: Any  # decoding.runners.base.Runner
+    target_runner: Runner
     cost: CostModel
     drafters: dict[str, Drafter]  # lookup, suggestion, and "model" when a draft model is used
-    draft: Any = None  # LoadedModel of the draft model, when it is used
-    draft_weights: Any = None  # its WeightsChoice
+    draft: LoadedModel | None = None  # the draft model, when it is used
+    draft_weights: WeightsChoice | None = None  # its format
     draft_note: str = ""  # why the draft model is (not) used
-    draft_costs: dict = field(default_factory=dict)  # measured at load, for info()
+    draft_costs: dict[str, float] = field(default_factory=dict)  # measured at load, for info()
     draft_left_out: bool = False  # `auto` did not keep the draft model: it cannot pay on this device
     drafting_off: str = ""  # why every request decodes plainly (the target's verify is not row-exact here)
-    healing: Any = None  # decoding.healing.BlankHealing for the target's vocabulary
+    healing: Healing | None = None  # for the target's tokenizer
+    target_choice: TargetChoice | None = None  # which model `target` named, and why
     max_tokens: int = 64  # EngineConfig.max_tokens: a request's default
 
     @property
@@ -63,8 +74,8 @@ class LoadedModels:
             label = label.replace("+rows", "")
         return label
 
-    def prompt_parts(self, request):
-        """A decoding.api.CompletionRequest's prompt: decoding.prompt.PromptParts, its blanks healed.
+    def prompt_parts(self, request: CompletionRequest) -> PromptParts:
+        """A decoding.api.CompletionRequest's prompt: decoding.prompt.PromptParts, its end healed.
         Where the target's cache has a fixed size (llama.cpp's context), the prompt budget leaves room
         in it for the completion and a draft."""
         limit = getattr(self.target_runner, "context_limit", None)
@@ -78,7 +89,7 @@ class LoadedModels:
     def tokenizer(self):
         return self.target.tokenizer
 
-    def draft_policy(self, mode: str, stats) -> DraftPolicy:
+    def draft_policy(self, mode: str, stats: RequestStats) -> DraftPolicy:
         """The drafting policy of one request that runs drafter `mode` (see drafter_mode)."""
         return DraftPolicy(mode, self.drafters, self.cost, stats)
 
@@ -86,7 +97,7 @@ class LoadedModels:
         """The drafter a request runs: `mode`, or none where drafting would change the text."""
         return "none" if self.drafting_off else mode
 
-    def build_prompt(self, request) -> list[int]:
+    def build_prompt(self, request: CompletionRequest) -> list[int]:
         """The prompt's token ids for a decoding.api.CompletionRequest."""
         return self.prompt_parts(request).ids
 
@@ -95,7 +106,7 @@ class LoadedModels:
 
     def ensure_draft_model(self, cfg: EngineConfig) -> None:
         """A request names the `model` drafter: load the draft model if `auto` left it out."""
-        from decoding.loading.draft_model import load_left_out_draft_model
+        from decoding.setup.draft_choice import load_left_out_draft_model
 
         load_left_out_draft_model(self, cfg)
 
@@ -114,10 +125,22 @@ class LoadedModels:
 
 
 def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
-    from decoding.loading.draft_model import add_draft_model
+    from decoding.setup.target_choice import choose_target
+
+    choice = choose_target(cfg.target, cfg.device)
+    if cfg.target != choice.spec:
+        log.info("target auto: %s (%s)", choice.spec, choice.reason)
+        progress(f"target auto: {choice.spec}", 0.02)
+    models = _load_models(replace(cfg, target=choice.spec), progress)
+    models.target_choice = choice
+    return models
+
+
+def _load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
+    from decoding.setup.draft_choice import add_draft_model
     from decoding.drafters.lookup import LookupDrafter
     from decoding.drafters.suggestion import SuggestionDrafter
-    from decoding.loading.weight_choice import load_weights
+    from decoding.setup.weight_choice import load_weights
     from decoding.prompt import PromptBuilder, end_token_ids
     from decoding.models.weights import return_freed_memory
     from decoding.runners import runner_for
@@ -133,7 +156,7 @@ def load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
                      max_draft=max(0, min(16, runner.exact_width - 1)))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
                           runner, cost, {"lookup": LookupDrafter(encode=prompts.encode), "suggestion": SuggestionDrafter(target.tokenizer)},
-                          healing=prompts.blank_healing(runner.vocab_size), max_tokens=cfg.max_tokens)
+                          healing=prompts.healing, max_tokens=cfg.max_tokens)
     if not runner.verify_exact:
         differ = runner.not_exact_why or f"a verify forward's logits differ from one-token steps' here (by up to {runner.verify_difference:.3g})"
         models.drafting_off = f"{target.weights} weights: {differ}, so drafting could change the text; every request decodes plainly"

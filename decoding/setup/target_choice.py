@@ -1,0 +1,128 @@
+"""`target: auto` (the default): the larger preset where this machine runs it within the latency goals, else
+the smaller.
+
+The 1.5B writes the right first line far more often than the 0.5B (docs/performance.md, the 1.5B), at about three
+times the cost a token. It is chosen when all of these hold, and the 0.5B otherwise:
+- it is pulled (`draftwise models pull`; a start never downloads a gigabyte on its own);
+- the memory it needs is well inside what is free (twice its resident size);
+- on a GPU it always runs fast enough; on a CPU the integer kernels run here (not the portable path),
+  and the int4 forward this machine would run reads a prompt and takes a decode step within the goals:
+  READ_TOK_S (a 1,500-token prompt read ahead within the few seconds after opening a file) and STEP_MS
+  (typing along stays at a suggestion every ~100 ms).
+The speeds are measured once on this machine, on the 1.5B's own layer shapes with synthetic weights
+(a second or so, before any model is loaded), and kept in $DRAFTWISE_HOME with the kernel's code and
+the CPU: later starts read them.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from decoding.home import cache_files, paths
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+LARGER, SMALLER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+READ_TOK_S = 400.0  # prompt tokens a second the larger model must read at
+STEP_MS = 80.0  # the longest decode step it may take
+RESIDENT_GIB = 1.5  # draftwise serve with the 1.5B at int4 (docs/performance.md, memory)
+# The 1.5B's linear layers: (outputs, inputs) per layer, and how many layers
+LAYER_SHAPES = ((1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536), (1536, 8960))
+LAYERS = 28
+# the share of a forward's time outside its linear layers (attention, norms, rotary), measured on the
+# static forward of the 1.5B at int4 (a 256-token chunk at position 1,024)
+OTHER_OPS = 0.2
+RECORD = "target-choice.json"
+
+
+@dataclass(frozen=True)
+class TargetChoice:
+    spec: str
+    reason: str
+    measured: dict | None = None
+
+
+def choose_target(target: str, device: str = "auto") -> TargetChoice:
+    """The model spec a start loads for `target` (itself unless it is `auto`), and why."""
+    if target != AUTO:
+        return TargetChoice(target, "asked for")
+    from decoding.models import pack
+    from decoding.models.specs import PRESETS
+
+    if not pack.is_pulled(PRESETS[LARGER]):
+        return TargetChoice(SMALLER, f"{LARGER} is not pulled (`draftwise models pull {LARGER}` to have it chosen "
+                                     f"where it runs fast enough)")
+    free = _free_gib()
+    if free is not None and free < 2 * RESIDENT_GIB:
+        return TargetChoice(SMALLER, f"{free:.1f} GiB of memory free: {LARGER} needs about {RESIDENT_GIB:g} GiB")
+    from decoding.models.checkpoint import resolve_device
+
+    dev, _ = resolve_device(device, "auto")
+    if dev.type != "cpu":
+        return TargetChoice(LARGER, f"{dev.type} device")
+    speed = measured_speed()
+    if speed is None:
+        return TargetChoice(SMALLER, "draftwise's integer kernels do not run here: the portable path is too slow "
+                                     f"for {LARGER}")
+    fast = speed["read_tok_s"] >= READ_TOK_S and speed["step_ms"] <= STEP_MS
+    reason = (f"{LARGER} on this CPU: reads {speed['read_tok_s']:.0f} prompt tokens/s (goal {READ_TOK_S:.0f}), "
+              f"a decode step {speed['step_ms']:.0f} ms (goal {STEP_MS:.0f})")
+    return TargetChoice(LARGER if fast else SMALLER, reason if fast else reason + ": too slow", speed)
+
+
+def _free_gib() -> float | None:
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().available / 2**30
+
+
+def measured_speed() -> dict | None:
+    """The larger model's int4 forward on this CPU, estimated from its layers: {"read_tok_s", "step_ms"};
+    None where the kernels do not run. Kept per CPU, threads and kernel code."""
+    import torch
+
+    from decoding.kernels import integer_linear
+    from decoding.models.checkpoint import device_key
+    from decoding.models.weights import implementation
+
+    if not integer_linear.load():
+        return None
+    key = f"{device_key(torch.device('cpu'))} | {implementation('int4')} | {cache_files.code_hash(_measure)}"
+    value, _ = cache_files.kept_or_measured(paths.draftwise_home() / RECORD, key, _measure,
+                                            f"{LARGER}'s speed on this CPU",
+                                            valid=lambda v: v["read_tok_s"] > 0 and v["step_ms"] > 0)
+    return value
+
+
+def _measure(rows: int = 256, repeats: int = 3) -> dict:
+    """Synthetic int4 weights of the 1.5B's shapes on the int4 kernel: a prompt chunk of `rows` and a
+    one-row step, the best of `repeats` each."""
+    import torch
+
+    torch.manual_seed(0)
+    chunk = step = 0.0
+    with torch.inference_mode():
+        for n, k in dict.fromkeys(LAYER_SHAPES):  # a shape once; how often it comes is counted below
+            packed = torch.randint(0, 256, (n // 16, k // 8, 64), dtype=torch.uint8)
+            scales = (torch.rand(n // 16, k // 32, 16) * 0.01).half()
+            lows = (torch.randn(n // 16, k // 32, 16) * 0.01).half()
+            many, one = torch.randn(rows, k), torch.randn(1, k)
+            times = LAYER_SHAPES.count((n, k))
+            chunk += times * _best(lambda: torch.ops.draftwise.q4_linear(many, packed, scales, lows, 32), repeats)
+            step += times * _best(lambda: torch.ops.draftwise.q4_linear(one, packed, scales, lows, 32), repeats * 3)
+    forward, decode = chunk * LAYERS / (1 - OTHER_OPS), step * LAYERS / (1 - OTHER_OPS)
+    return {"read_tok_s": round(rows / forward, 1), "step_ms": round(decode * 1000, 1)}
+
+
+def _best(fn, repeats: int) -> float:
+    fn()  # warm: the weights into cache as they would be mid-forward, the kernel's threads up
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
