@@ -22,6 +22,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+import torch
+
 from decoding.api import Cancelled, CancelToken, RequestStats
 from decoding.healing import limited
 from decoding.policy import DraftPolicy
@@ -50,7 +52,8 @@ def generate(models, plan: RequestPlan, greedy_text: str, cancel: CancelToken) -
         first = runner.forward([prompt[-1]])[-1]
         if plan.healing is not None:  # the first tokens must write the healed text
             first = limited(first, plan.healing.allowed([]))
-        ranked = first.topk(min(first.shape[-1], (count + 1) * CANDIDATES_PER_ALTERNATIVE)).indices.tolist()
+        top = first.topk(min(first.shape[-1], (count + 1) * CANDIDATES_PER_ALTERNATIVE))
+        ranked = top.indices[torch.isfinite(top.values)].tolist()  # fewer allowed than asked: not the rest
         for token in [t for t in ranked[1:] if t not in end.end_ids]:
             if len(texts) >= count or cancel.cancelled:
                 break

@@ -170,9 +170,19 @@ class PromptParts:
         """What the first generated tokens must write (the healed text); None where nothing was healed."""
         return Constraint(healing, self.healed) if self.healed else None
 
-    def completion_text(self, generated_text: str) -> str:
-        """The completion as the user sees it: the generated text without the healed text it begins with."""
-        return without_healed(self.healed, generated_text)
+    def completion_text(self, generated_text: str, ids: list[int] | None = None, healing: Healing | None = None) -> str:
+        """The completion as the user sees it: the generated text without the healed text it begins with.
+        Where the decoded text does not begin with it (a SentencePiece decoder drops the first blank:
+        healed ` se`, tokens `▁se` `on` decode to `seon`), the healed bytes are taken off the bytes the
+        tokens `ids` write."""
+        text = without_healed(self.healed, generated_text)
+        if generated_text.startswith(self.healed) or self.healed.startswith(generated_text) or ids is None \
+                or healing is None or healing.texts is None or (written := healing.texts.written(ids)) is None:
+            return text
+        healed = self.healed.encode("utf-8")
+        if healed.startswith(written):
+            return ""  # part of it written so far
+        return written[len(healed):].decode("utf-8", errors="replace") if written.startswith(healed) else text
 
 
 class PromptBuilder:

@@ -37,7 +37,7 @@ def plan_request(models: LoadedModels, config: EngineConfig, request: Completion
     prompt = models.prompt_parts(request)
     decode = models.decode
     if prompt.healed:  # the text rules and the result see the completion without the healed text
-        decode = lambda ids: prompt.completion_text(models.decode(ids))  # noqa: E731
+        decode = lambda ids: prompt.completion_text(models.decode(ids), ids, models.healing)  # noqa: E731
     end = EndCondition(models.end_ids, request.max_tokens or config.max_tokens, decode, text_rule, final_rule,
                     TimeCap(request.time_limit_s or None), whole_lines=request.scope != "full", seen=seen)
     sampler = Sampler(request.temperature, request.top_p, request.top_k, request.seed)

@@ -54,7 +54,7 @@ class IdleWork:
         self.quiet_s = quiet_s
         self._timer: asyncio.Handle | None = None
         self._read: dict[str, tuple[int, int, bool]] = {}  # uri -> (version, offset, generate) last done
-        self._waiting: tuple[OpenDocument, int, bool] | None = None  # for the engine to be ready
+        self._waiting: tuple[OpenDocument, int, bool, int] | None = None  # for the engine: (…, version)
         self.counts = {"opened": 0, "cursorHints": 0}  # read-aheads of just-opened documents, cursor hints acted on
 
     def document_opened(self, doc: OpenDocument) -> None:
@@ -71,8 +71,18 @@ class IdleWork:
     def engine_ready(self) -> None:
         """The engine finished loading: the read-ahead that waited for it."""
         waiting, self._waiting = self._waiting, None
-        if waiting is not None and self.completions.documents.get(waiting[0].uri) is waiting[0]:
-            self._ahead(*waiting)
+        if waiting is None:
+            return
+        doc, offset, generate, version = waiting
+        # still open and still wanted (settings may have turned idle work off while the model loaded)
+        if self.completions.documents.get(doc.uri) is not doc or not self._wanted(doc):
+            return
+        if doc.version == version:
+            self._ahead(doc, offset, generate)
+        elif doc.edit_end is not None:  # edited since (the offset points into an older text): where typing is
+            self._start(doc, doc.version)
+        else:
+            self._ahead(doc, len(doc.text), generate=False)
 
     def _wanted(self, doc: OpenDocument) -> bool:
         settings = self.settings()
@@ -80,7 +90,7 @@ class IdleWork:
 
     def _ahead(self, doc: OpenDocument, offset: int, generate: bool) -> None:
         if not self.host.ready:
-            self._waiting = (doc, offset, generate)
+            self._waiting = (doc, offset, generate, doc.version)
             return
         if self._read.get(doc.uri) == (doc.version, offset, generate):
             return  # read (or started) there already, and nothing changed since

@@ -31,7 +31,7 @@ package pass private protected pub public raise return self short signed static 
 template then this throw throws true try type typedef typename typeof union unsigned use using var void
 volatile where while with yield
 """.split())
-_WORD_END = re.compile(r"\w+$")
+_WORD_END = re.compile(r"\w+\Z")  # \Z: `$` would also match before a final line end
 _WORD_START = re.compile(r"\w+")
 _COMMENT_STARTS = ("#", "//", "/*", "--")
 
@@ -153,12 +153,14 @@ def shape(text: str, line_before: str, line_after: str, indent: IndentStyle) -> 
 def breaks_the_word(text: str, prefix: str, suffix: str) -> bool:
     """After a word at the cursor (`prefix` ends in a letter, digit or underscore), whether `text` would
     break it:
-    - it goes on with two or more blanks or a tab (`s` + `        self.data = ...`): indentation, never
-      what follows a word, unless a comment follows them (`x = 1  # one`);
+    - it goes on with two or more blanks or a tab (`s` + `        self.data = ...`): indentation, not
+      what follows a word, unless a comment follows them (`x = 1  # one`) or what follows them starts
+      at a column that the lines around start a column at after blanks (a Go struct, `#define`s);
     - it ends the line right after a word alone on its line that the document has nowhere else and no
-      language has as a keyword (`    se` + a line break);
-    - it types the word's letters again (`return n` + `n * f(n - 1)`), making a word the document has
-      nowhere else.
+      language has as a keyword (`    se` + a line break), unless its next line underlines it (a
+      docstring's `Parameters` + `----------`);
+    - it types the word's letters again (`return n` + `n * f(n - 1)`, `ret` + `return x`): a keyword
+      or a word the document has, typed after its own first letters, making one it has nowhere else.
     A single blank or a line end after a word is how code goes on (`return n` + ` * f(n - 1)`, a new
     name `total` + ` = 0`): healing lets the model decide that the word is whole."""
     typed = _WORD_END.search(prefix)
@@ -166,14 +168,30 @@ def breaks_the_word(text: str, prefix: str, suffix: str) -> bool:
         return False
     word = typed.group()
     blanks = _LEADING_WS.match(text).group(0)
-    if (len(blanks) >= 2 or "\t" in blanks) and not text[len(blanks):].startswith(_COMMENT_STARTS):
-        return True
     line_before = prefix[max(prefix.rfind("\n"), prefix.rfind("\r")) + 1:]
+    if (len(blanks) >= 2 or "\t" in blanks) and not text[len(blanks):].startswith(_COMMENT_STARTS):
+        return not _starts_a_column(len((line_before + blanks).expandtabs(TAB_COLUMNS)), prefix, suffix)
     if text[0] in "\r\n":
-        return line_before.strip() == word and word not in KEYWORDS and not _is_known(word, prefix, suffix, len(word))
+        return line_before.strip() == word and word not in KEYWORDS and not _UNDERLINE.match(text) and \
+            not _is_known(word, prefix, suffix, len(word))
     head = _WORD_START.match(text)
     return head is not None and head.group().startswith(word) and \
+        (head.group() in KEYWORDS or _is_known(head.group(), prefix, suffix, len(word))) and \
         not _is_known(word + head.group(), prefix, suffix, len(word))
+
+
+TAB_COLUMNS = 8  # where a tab that aligns columns leads to (the editors' default)
+# a non-blank after a run of blanks inside a line (not before a comment): where a column starts
+_COLUMN_START = re.compile(r"(?<=\S)(?:[ \t]{2,}|\t)(?!#|//|--|/\*)(?=\S)")
+_UNDERLINE = re.compile(r"\r?\n[ \t]*([-=~^])\1{2,}[ \t]*(\r?\n|$)")
+
+
+def _starts_a_column(column: int, prefix: str, suffix: str, lines: int = 5) -> bool:
+    """Whether one of the lines around the cursor (up to `lines` each side) starts a column at `column`
+    after a run of blanks."""
+    around = prefix.rsplit("\n", lines + 1)[-lines - 1:-1] + suffix.split("\n", lines + 1)[1:lines + 1]
+    return any(len(line[:m.end()].expandtabs(TAB_COLUMNS)) == column
+               for line in around for m in _COLUMN_START.finditer(line.rstrip("\r")))
 
 
 def _is_known(word: str, prefix: str, suffix: str, typed: int) -> bool:

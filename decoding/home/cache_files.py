@@ -378,6 +378,7 @@ CACHES = {  # what a start makes again, and what each costs it
     "exactness.json": "exactness verdicts (a start probes again: seconds)",
     "forward-times.json": "forward times (a start times again: seconds)",
     "weight-timings.json": "weight format timings (`auto` times every format again: a minute or more)",
+    "target-choice.json": "the 1.5B's speed on this CPU, which `target: auto` reads (measured again: ~2 s)",
     "locks": "lock files",
 }
 

@@ -31,6 +31,7 @@ RESIDENT_GIB = 1.5  # draftwise serve with the 1.5B at int4 (docs/performance.md
 # The 1.5B's linear layers: (outputs, inputs) per layer, and how many layers
 LAYER_SHAPES = ((1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536), (1536, 8960))
 LAYERS = 28
+LM_HEAD = (151936, 1536)  # int8 in both quantized formats: read once a decode step
 # the share of a forward's time outside its linear layers (attention, norms, rotary), measured on the
 # static forward of the 1.5B at int4 (a 256-token chunk at position 1,024)
 OTHER_OPS = 0.2
@@ -62,7 +63,11 @@ def choose_target(target: str, device: str = "auto") -> TargetChoice:
     dev, _ = resolve_device(device, "auto")
     if dev.type != "cpu":
         return TargetChoice(LARGER, f"{dev.type} device")
-    speed = measured_speed()
+    try:
+        speed = measured_speed()
+    except Exception as exc:  # noqa: BLE001 - a failed measurement never fails a start: the smaller model
+        log.warning("measuring %s's speed failed (%s): %s chosen", LARGER, exc, SMALLER)
+        return TargetChoice(SMALLER, f"measuring {LARGER}'s speed on this CPU failed: {exc}")
     if speed is None:
         return TargetChoice(SMALLER, "draftwise's integer kernels do not run here: the portable path is too slow "
                                      f"for {LARGER}")
@@ -91,7 +96,9 @@ def measured_speed() -> dict | None:
 
     if not integer_linear.load():
         return None
-    key = f"{device_key(torch.device('cpu'))} | {implementation('int4')} | {cache_files.code_hash(_measure)}"
+    shapes = (LAYER_SHAPES, LAYERS, LM_HEAD, OTHER_OPS)  # what the estimate is made of: a change measures again
+    key = f"{device_key(torch.device('cpu'))} | {implementation('int4')} | " \
+          f"{cache_files.code_hash(_measure, extra=repr(shapes))}"
     value, _ = cache_files.kept_or_measured(paths.draftwise_home() / RECORD, key, _measure,
                                             f"{LARGER}'s speed on this CPU",
                                             valid=lambda v: v["read_tok_s"] > 0 and v["step_ms"] > 0)
@@ -100,8 +107,11 @@ def measured_speed() -> dict | None:
 
 def _measure(rows: int = 256, repeats: int = 3) -> dict:
     """Synthetic int4 weights of the 1.5B's shapes on the int4 kernel: a prompt chunk of `rows` and a
-    one-row step, the best of `repeats` each."""
+    one-row step, the best of `repeats` each; a step also reads the int8 lm_head (a prompt's chunk
+    computes logits for its last row only)."""
     import torch
+
+    from decoding.models.weights import Int8Linear
 
     torch.manual_seed(0)
     chunk = step = 0.0
@@ -114,7 +124,10 @@ def _measure(rows: int = 256, repeats: int = 3) -> dict:
             times = LAYER_SHAPES.count((n, k))
             chunk += times * _best(lambda: torch.ops.draftwise.q4_linear(many, packed, scales, lows, 32), repeats)
             step += times * _best(lambda: torch.ops.draftwise.q4_linear(one, packed, scales, lows, 32), repeats * 3)
-    forward, decode = chunk * LAYERS / (1 - OTHER_OPS), step * LAYERS / (1 - OTHER_OPS)
+    head = Int8Linear(torch.ones(LM_HEAD, dtype=torch.int8), torch.full((LM_HEAD[0],), 0.01), None)  # values: no matter
+    with torch.inference_mode():
+        head_step = _best(lambda: head(torch.randn(1, LM_HEAD[1])), repeats * 3)
+    forward, decode = chunk * LAYERS / (1 - OTHER_OPS), step * LAYERS / (1 - OTHER_OPS) + head_step
     return {"read_tok_s": round(rows / forward, 1), "step_ms": round(decode * 1000, 1)}
 
 

@@ -95,3 +95,22 @@ def test_no_alternatives_unless_asked(engine):
     result = engine.complete(CompletionRequest(prefix="import os\n", scope="full", max_tokens=8))
     assert result.alternatives == []
     assert "alternatives" not in result.to_dict()
+
+
+def test_after_a_partial_word_every_alternative_starts_with_a_token_that_writes_it(engine, monkeypatch):
+    """Where fewer tokens may write the healed word than alternatives are asked for, only those are
+    continued (the rest of the ranking is ruled out, at -inf), so no alternative breaks the word."""
+    from decoding import alternatives
+
+    firsts = []
+    real = alternatives._continue
+    monkeypatch.setattr(alternatives, "_continue", lambda models, plan, token, cancel: (
+        firsts.append((token, plan.healing)), real(models, plan, token, cancel))[1])
+    for i, prefix in enumerate(["local function gre", "    return self.ite", "import os, sys, js"]):
+        request = CompletionRequest(prefix=prefix, scope="full", max_tokens=8, alternatives=3, document=f"alt-word-{i}")
+        prompt = HealedPrompt(engine, request)
+        assert prompt.healed.strip(), prefix
+        firsts.clear()
+        engine.complete(request)
+        allowed = prompt.limit(torch.zeros(engine.models.target.model.config.vocab_size), [])
+        assert all(torch.isfinite(allowed[token]) for token, _ in firsts), (prefix, firsts)

@@ -181,6 +181,23 @@ def test_the_prompt_leaves_out_the_healed_text_and_the_completion_leaves_it_out_
     assert without_healed(" sel", " se") == ""  # part of it written so far: nothing of the completion yet
 
 
+def test_where_the_decoder_drops_the_first_blank_the_healed_text_is_taken_off_by_its_bytes():
+    from decoding.prompt import PromptParts
+
+    tok = sentencepiece_tokenizer()
+    healing = Healing(tok)
+    pieces = tok.tokenize("x = fibonacci(n)")
+    ids = tok.convert_tokens_to_ids(pieces[1:])  # what a model writes after a healed ` =`
+    assert written(healing, ids) == b" = fibonacci(n)" and not tok.decode(ids).startswith(" ")
+    parts = PromptParts(ids=[], prefix_chars_dropped=0, suffix_chars_kept=0, context_files=0, healed=" =")
+    assert parts.completion_text(tok.decode(ids), ids, healing) == " fibonacci(n)"
+    assert parts.completion_text(tok.decode(ids[:1]), ids[:1], healing) == ""  # just the healed text
+    # a decoder that writes the text as the tokens do: the same answer by the text alone
+    bpe = build_tokenizer()
+    ids = bpe.encode(" = fibonacci(n)", add_special_tokens=False)
+    assert parts.completion_text(bpe.decode(ids), ids, Healing(bpe)) == " fibonacci(n)"
+
+
 def test_limited_rules_out_the_rest_at_any_table_width():
     allowed = torch.tensor([False, True, False, True])
     logits = torch.arange(12.0).reshape(2, 6)  # a wider table (a draft model's, padded): extra columns out

@@ -38,6 +38,16 @@ def test_auto_takes_the_larger_model_only_where_it_runs_fast_enough(pulled, monk
     assert "kernels do not run here" in choose_target("auto", "cpu").reason
 
 
+def test_a_failed_measurement_takes_the_smaller_model_and_says_why(pulled, monkeypatch):
+    def fails():
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(target_choice, "_free_gib", lambda: 16.0)
+    monkeypatch.setattr(target_choice, "measured_speed", fails)
+    choice = choose_target("auto", "cpu")
+    assert choice.spec == SMALLER and "failed: out of memory" in choice.reason
+
+
 def test_auto_takes_the_smaller_model_where_the_larger_is_not_pulled_or_does_not_fit(pulled, monkeypatch):
     monkeypatch.setattr(target_choice, "measured_speed", lambda: {"read_tok_s": 900.0, "step_ms": 40.0})
     monkeypatch.setattr(target_choice, "_free_gib", lambda: 1.2)
@@ -60,6 +70,9 @@ def test_the_speed_is_measured_once_a_machine_and_kept(tmp_path, monkeypatch):
     assert first["read_tok_s"] > 0 and first["step_ms"] > 0 and calls == [1]
     assert target_choice.measured_speed() == first and calls == [1]  # read back, not measured again
     assert (tmp_path / target_choice.RECORD).is_file()
+    monkeypatch.setattr(target_choice, "LAYERS", target_choice.LAYERS + 1)  # other shapes: measured again
+    target_choice.measured_speed()
+    assert calls == [1, 1]
 
 
 def test_the_engine_reports_which_model_auto_chose_and_why(tiny_model_dir, monkeypatch):

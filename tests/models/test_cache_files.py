@@ -236,7 +236,7 @@ def test_tokenizers_are_kept_to_a_bound_least_recently_used_first(tmp_path, monk
 def test_clean_removes_every_cache_and_keeps_the_models(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
     for name in ("quantized/a.safetensors", "packed/b.safetensors", "tokenizers/c.json", "extensions/k-1/k.so",
-                 "exactness.json", "forward-times.json", "weight-timings.json", "locks/x.lock"):
+                 "exactness.json", "forward-times.json", "weight-timings.json", "target-choice.json", "locks/x.lock"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(b"x" * 1000)
     model = tmp_path / "models" / "qwen" / "model.safetensors"

@@ -125,7 +125,8 @@ def test_the_mid_word_rule_needs_a_word_character_on_both_sides():
     ("x = value", "  # a comment after two blanks (PEP 8)", "", False),
     # the word's letters typed again, making a word the document has nowhere else
     ("function factorial(n) {\n  return n", "n * factorial(n - 1);", "\n}", True),
-    ("for op in ops:\n    ha", "hasjabs.append(op)", "", True),
+    ("hasjabs = []\nfor op in ops:\n    ha", "hasjabs.append(op)", "", True),
+    ("import textwrap\ntextwrap.de", "dent(s)", "", False),  # `dedent`: `dent` is no word here
     ("xx = 1\nprint(x", "x)", "", False),  # `xx` is a name the document has
     # a name the document knows, then a blank or a line end: how code goes on
     ("function factorial(n) {\n  return n", " * factorial(n - 1);", "\n}", False),
@@ -137,6 +138,20 @@ def test_the_mid_word_rule_needs_a_word_character_on_both_sides():
     ("def f():\n    return", "\n", "", False),  # a keyword
     # no word before the cursor, or the word goes on
     ("def f():\n    ", "    x = 1", "", False),
+    ("for x in xs:\n    continue\n", "        y = 2", "", False),  # after an Enter: no word at the cursor
+    # columns aligned with blanks around the cursor: blanks after a word are the file's style
+    ("type T struct {\n\tID       int\n\tName", "     string", "\n\tLongName string\n}", False),
+    ("#define MAX_N      128\n#define MAX_LEN", "    256", "", False),
+    ("#define A\t1\n#define MAX_LEN", "\t256", "", False),
+    ("#define MAX_N  128\n#define MAX_LEN", "    256", "", True),  # blanks to no column the lines have
+    ("x = 1  # one\ny = 2  # two\nz = value", "    more", "", True),  # a comment's blanks align nothing
+    ("x = 1\n#   see below\ndef f():\n    s", "        self.data = 1", "", True),
+    ("x = 1\r\n#define MAX_N      128\r\n#define MAX_LEN", "    256", "", False),  # CRLF
+    # a whole word alone on its line, then a line end (a docstring's section)
+    ('def f(a):\n    """\n    Parameters', "\n    ----------", "", False),
+    ("def f():\n    retu", "\n    x", "", True),  # a word cut short of any length
+    ("def f():\n    ret", "return x", "", True),  # a keyword typed again
+    ("    ha", "hasjabs.append(op)", "", False),  # a new name: the model may mean it
     ("x = se", "lf.data", "", False),
 ])
 def test_a_text_that_would_break_the_word_before_the_cursor_is_not_shown(prefix, text, suffix, broken):
