@@ -36,6 +36,7 @@ LM_HEAD = (151936, 1536)  # int8 in both quantized formats: read once a decode s
 # static forward of the 1.5B at int4 (a 256-token chunk at position 1,024)
 OTHER_OPS = 0.2
 RECORD = "target-choice.json"
+FLUSH_BYTES = 256 * 2**20  # a stack of layers larger than any CPU's last-level cache
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def measured_speed() -> dict | None:
 
     if not integer_linear.load():
         return None
-    shapes = (LAYER_SHAPES, LAYERS, LM_HEAD, OTHER_OPS)  # what the estimate is made of: a change measures again
+    shapes = (LAYER_SHAPES, LAYERS, LM_HEAD, OTHER_OPS, FLUSH_BYTES)  # what the estimate is made of: a change measures again
     key = f"{device_key(torch.device('cpu'))} | {implementation('int4')} | " \
           f"{cache_files.code_hash(_measure, extra=repr(shapes))}"
     value, _ = cache_files.kept_or_measured(paths.draftwise_home() / RECORD, key, _measure,
@@ -106,33 +107,42 @@ def measured_speed() -> dict | None:
 
 
 def _measure(rows: int = 256, repeats: int = 3) -> dict:
-    """Synthetic int4 weights of the 1.5B's shapes on the int4 kernel: a prompt chunk of `rows` and a
-    one-row step, the best of `repeats` each; a step also reads the int8 lm_head (a prompt's chunk
-    computes logits for its last row only)."""
+    """Synthetic int4 weights of the 1.5B's shapes on the int4 kernel: a prompt chunk of `rows` through
+    each shape, and one-row steps through a stack of layers larger than any cache (a step streams the
+    model's weights from memory, as a real one does), the best of `repeats` each; a step also reads the
+    int8 lm_head (a prompt's chunk computes logits for its last row only)."""
     import torch
 
     from decoding.models.weights import Int8Linear
 
-    torch.manual_seed(0)
-    chunk = step = 0.0
+    def layer(n: int, k: int) -> tuple:  # the values do not change the kernel's time
+        return (torch.full((n // 16, k // 8, 64), 0x5A, dtype=torch.uint8),
+                torch.full((n // 16, k // 32, 16), 0.01, dtype=torch.half), torch.zeros(n // 16, k // 32, 16).half())
+
+    chunk = 0.0
     with torch.inference_mode():
         for n, k in dict.fromkeys(LAYER_SHAPES):  # a shape once; how often it comes is counted below
-            packed = torch.randint(0, 256, (n // 16, k // 8, 64), dtype=torch.uint8)
-            scales = (torch.rand(n // 16, k // 32, 16) * 0.01).half()
-            lows = (torch.randn(n // 16, k // 32, 16) * 0.01).half()
-            many, one = torch.randn(rows, k), torch.randn(1, k)
-            times = LAYER_SHAPES.count((n, k))
-            chunk += times * _best(lambda: torch.ops.draftwise.q4_linear(many, packed, scales, lows, 32), repeats)
-            step += times * _best(lambda: torch.ops.draftwise.q4_linear(one, packed, scales, lows, 32), repeats * 3)
-    head = Int8Linear(torch.ones(LM_HEAD, dtype=torch.int8), torch.full((LM_HEAD[0],), 0.01), None)  # values: no matter
-    with torch.inference_mode():
+            weights, many = layer(n, k), torch.randn(rows, k)
+            chunk += LAYER_SHAPES.count((n, k)) * _best(lambda: torch.ops.draftwise.q4_linear(many, *weights, 32),
+                                                        repeats)
+        layer_bytes = sum(n * k // 2 for n, k in LAYER_SHAPES)
+        stack = [[layer(n, k) for n, k in LAYER_SHAPES] for _ in range(max(1, FLUSH_BYTES // layer_bytes))]
+        ones = {k: torch.randn(1, k) for _, k in LAYER_SHAPES}
+
+        def steps():
+            for linears in stack:
+                for (n, k), weights in zip(LAYER_SHAPES, linears):
+                    torch.ops.draftwise.q4_linear(ones[k], *weights, 32)
+
+        step = _best(steps, repeats) * LAYERS / len(stack)
+        head = Int8Linear(torch.ones(LM_HEAD, dtype=torch.int8), torch.full((LM_HEAD[0],), 0.01), None)
         head_step = _best(lambda: head(torch.randn(1, LM_HEAD[1])), repeats * 3)
-    forward, decode = chunk * LAYERS / (1 - OTHER_OPS), step * LAYERS / (1 - OTHER_OPS) + head_step
+    forward, decode = chunk * LAYERS / (1 - OTHER_OPS), step / (1 - OTHER_OPS) + head_step
     return {"read_tok_s": round(rows / forward, 1), "step_ms": round(decode * 1000, 1)}
 
 
 def _best(fn, repeats: int) -> float:
-    fn()  # warm: the weights into cache as they would be mid-forward, the kernel's threads up
+    fn()  # warm: the kernel's threads up (and a chunk's weights into cache, as they are mid-chunk)
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
