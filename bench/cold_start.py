@@ -103,24 +103,34 @@ def cold_start(target: str, weights: str, cases: list[Case], hint: bool = True, 
                     runs.append(ColdRun(case.id, pause, 0.0, error=f"{type(exc).__name__}: {exc}".splitlines()[0]))
     finally:
         client.close()
-    summary = {}
+    return {"target": target, "weights": stats.get("weights"), "kernel": stats.get("kernel"), "cursor_hint": hint,
+            "pauses": summary(runs, pauses), "runs": [asdict(r) for r in runs]}
+
+
+def summary(runs: list[ColdRun], pauses: tuple[float, ...] = PAUSES_S) -> dict:
+    """Per pause: the runs and their wait's p50 and p95 (ms), prompt tokens, how many were read ahead,
+    and prompt reading's share of the wait."""
+    out = {}
     for pause in pauses:
         ok = [r for r in runs if r.pause_s == pause and r.error is None]
         waits = [r.wait_ms for r in ok]
-        # where the request itself read the prompt; a request that joined idle work waited for what of
-        # that work was left, which its prompt reading may or may not have been part of
-        asked = [r for r in ok if r.answered_by == "request" and r.wait_ms > 0]
-        summary[f"{pause:g}s"] = {
+        asked = [r for r in ok if r.wait_ms > 0]
+        out[f"{pause:g}s"] = {
             "runs": len(ok), "p50_ms": _round(percentile(waits, 50)), "p95_ms": _round(percentile(waits, 95)),
             "prompt_tokens_median": statistics.median([r.prompt_tokens for r in ok]) if ok else None,
             "read_ahead_median": statistics.median([r.prompt_tokens if r.answered_by != "request"
                                                     else r.reused_prompt_tokens for r in ok]) if ok else None,
             "answered_by_idle_work": sum(r.answered_by != "request" for r in ok),
-            "prompt_reading_share": _round(statistics.median([min(1.0, r.prefill_ms / r.wait_ms) for r in asked]), 3)
-            if asked else None,
+            "prompt_reading_share": _round(statistics.median([_reading_share(r) for r in asked]), 3) if asked else None,
             "shown": sum(r.shown for r in ok)}
-    return {"target": target, "weights": stats.get("weights"), "kernel": stats.get("kernel"), "cursor_hint": hint,
-            "pauses": summary, "runs": [asdict(r) for r in runs]}
+    return out
+
+
+def _reading_share(run: ColdRun) -> float:
+    """Prompt reading's share of what the user waited for since the file opened: a request that joined
+    idle work waited for the rest of a job started at the open (the cursor hint), `pause_s` earlier."""
+    waited = run.wait_ms + (run.pause_s * 1000 if run.answered_by != "request" else 0.0)
+    return min(1.0, run.prefill_ms / waited)
 
 
 def _round(x, nd: int = 1):

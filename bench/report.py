@@ -144,7 +144,7 @@ def cold_start_markdown(cold: Mapping) -> list[str]:
     lines = [f"First suggestion in a just-opened file (`{cold['target']}`, {cold.get('weights')} weights; the editor "
              + ("says where its cursor rests" if cold.get("cursor_hint") else "sends no cursor hint") + "):", "",
              "| pause before asking | files | p50 | p95 | prompt tokens (median) | read ahead (median) | "
-             "answered by idle work | prompt reading's share of the wait (requests that read it) |",
+             "answered by idle work | prompt reading's share (median; where idle work answered, of open to answer) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for pause, v in cold["pauses"].items():
         lines.append(f"| {pause} | {v['runs']} | {_fmt(v['p50_ms'], '.0f', ' ms')} | {_fmt(v['p95_ms'], '.0f', ' ms')} | "

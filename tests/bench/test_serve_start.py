@@ -40,6 +40,8 @@ def test_the_first_suggestion_in_a_just_opened_file_is_timed_per_pause(tiny_mode
     assert after_3s["answered_by"] == "idle work" or after_3s["reused_prompt_tokens"] >= after_3s["prompt_tokens"] - 1
     assert row["pauses"]["3s"]["read_ahead_median"] >= after_3s["prompt_tokens"] - 1
     assert row["pauses"]["3s"]["p50_ms"] > 0 and "| 3s | 1 |" in "\n".join(report.cold_start_markdown(row))
+    assert 0 < row["pauses"]["0s"]["prompt_reading_share"] <= 1  # the prompt read since the open, of the wait
+    assert all(0 <= v["prompt_reading_share"] <= 1 for v in row["pauses"].values())
     unhinted = cold_start(str(tiny_model_dir), "int8", cases[:1], hint=False, timeout_s=120, pauses=(1.0,))
     assert unhinted["cursor_hint"] is False and unhinted["runs"][0]["error"] is None
     assert unhinted["runs"][0]["answered_by"] == "request"  # no cursor: nothing started there
