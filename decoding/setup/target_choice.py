@@ -28,8 +28,9 @@ LARGER, SMALLER = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 READ_TOK_S = 400.0  # prompt tokens a second the larger model must read at
 STEP_MS = 80.0  # the longest decode step it may take
 RESIDENT_GIB = 1.5  # draftwise serve with the 1.5B at int4 (docs/performance.md, memory)
-# The 1.5B's linear layers: (outputs, inputs) per layer, and how many layers
-LAYER_SHAPES = ((1536, 1536), (256, 1536), (256, 1536), (1536, 1536), (8960, 1536), (8960, 1536), (1536, 8960))
+# The 1.5B's linear layers as the static forward runs them: (outputs, inputs) per layer (q, k and v in
+# one, gate and up in one: decoding/models/static_decoder.py), and how many layers
+LAYER_SHAPES = ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960))
 LAYERS = 28
 LM_HEAD = (151936, 1536)  # int8 in both quantized formats: read once a decode step
 # the share of a forward's time outside its linear layers (attention, norms, rotary), measured on the

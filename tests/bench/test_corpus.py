@@ -197,8 +197,9 @@ def test_quality_reference_pairs_a_new_run_with_an_earlier_runs_fp32_records(rep
 
     cases = sample_cases(3, seed=0, corpus=repo)
     with_source = [c.to_dict() for c in cases]  # (a file the run kept the paths of)
-    fp32 = [{"mode": "auto@fp32", "case_id": c.id, "language": c.language, "text": "x", "first_line_exact": i == 0,
-             "similarity": 0.5, "decode_tok_s": 1.0} for i, c in enumerate(cases)]
+    # scored by an "older rule" the other way round: the records are scored again against the removed code
+    fp32 = [{"mode": "auto@fp32", "case_id": c.id, "language": c.language, "text": c.expected if i == 0 else "x",
+             "first_line_exact": i != 0, "similarity": 0.5, "decode_tok_s": 1.0} for i, c in enumerate(cases)]
     earlier = {"config": {"max_tokens": 24, "context_tokens": 512}, "cases": with_source[:1],
                "quality_cases": with_source[1:], "runs": {"none@fp32": fp32[:1]}, "quality_runs": {"fp32": fp32[1:]}}
     path = tmp_path / "earlier.json"

@@ -67,7 +67,7 @@ export function readSettings(config: vscode.WorkspaceConfiguration): ServerSetti
   const draft = config.get<string>('draft', '').trim();
   const languages = config.get<string[]>('languages', []);
   return {
-    target: config.get<string>('target', 'qwen2.5-coder-0.5b'),
+    target: config.get<string>('target', 'auto'),
     draft: draft === '' ? null : draft,
     drafter: config.get<string>('drafter', 'auto'),
     maxTokens: config.get<number>('maxTokens', 64),
