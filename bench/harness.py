@@ -400,7 +400,7 @@ class Bench:
             return f"--remote {target} is not openai:URL#MODEL or llamacpp:URL"
         engine = None
         try:
-            from decoding.remote.engine import RemoteEngine
+            from decoding.remote.remote_engine import RemoteEngine
 
             engine = RemoteEngine(replace(self.engine.config, target=target, max_tokens=self.s.max_tokens))
             engine.load()

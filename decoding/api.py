@@ -171,7 +171,7 @@ Progress = Callable[[str, "float | None"], None]  # (message, fraction done or N
 @runtime_checkable
 class CompletionEngine(Protocol):
     """What the LSP server, the CLI and the benchmark may call: the in-process engine
-    (decoding.engine.Engine) and a remote one (decoding.remote.engine.RemoteEngine) both implement it, and
+    (decoding.engine.Engine) and a remote one (decoding.remote.remote_engine.RemoteEngine) both implement it, and
     a test checks that their signatures match this one."""
 
     state: str  # "idle" | "loading" | "ready" | "failed"

@@ -11,7 +11,8 @@ def _members(cls) -> dict[str, inspect.Signature]:
             if not name.startswith("_") and callable(getattr(CompletionEngine, name, None))}
 
 
-@pytest.mark.parametrize("module, name", [("decoding.engine", "Engine"), ("decoding.remote.engine", "RemoteEngine")])
+@pytest.mark.parametrize("module, name", [("decoding.engine", "Engine"),
+                                          ("decoding.remote.remote_engine", "RemoteEngine")])
 def test_each_engine_implements_the_protocol_with_its_signatures(module, name):
     import importlib
 
@@ -27,7 +28,7 @@ def test_each_engine_implements_the_protocol_with_its_signatures(module, name):
 
 def test_constructed_engines_are_completion_engines():
     from decoding.engine import Engine as LocalEngine
-    from decoding.remote.engine import RemoteEngine
+    from decoding.remote.remote_engine import RemoteEngine
 
     local = LocalEngine(EngineConfig(target="qwen2.5-coder-0.5b"))
     remote = RemoteEngine(EngineConfig(target="openai:http://127.0.0.1:9/v1#m"))

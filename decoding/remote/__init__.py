@@ -1,7 +1,7 @@
 """Serving from an existing inference engine (vLLM, SGLang, llama.cpp's server) instead of in-process.
 
 A target spec that names a server (`openai:http://host:8000/v1#model-name`, or
-`llamacpp:http://host:8080` for llama.cpp's native `/infill`) selects `decoding.remote.engine.RemoteEngine`,
+`llamacpp:http://host:8080` for llama.cpp's native `/infill`) selects `decoding.remote.remote_engine.RemoteEngine`,
 which offers the LSP layer the same methods as `decoding.engine.Engine`. Everything above the model
 (prompt, stop rules, post-processing, type-ahead, stats, cancellation) stays in draftwise.
 
@@ -19,4 +19,6 @@ def is_remote_target(target: str | None) -> bool:
 
 def engine_class(target: str | None) -> tuple[str, str]:
     """The module and the name of the class that serves this target."""
-    return ("decoding.remote.engine", "RemoteEngine") if is_remote_target(target) else ("decoding.engine", "Engine")
+    if is_remote_target(target):
+        return "decoding.remote.remote_engine", "RemoteEngine"
+    return "decoding.engine", "Engine"
