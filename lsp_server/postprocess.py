@@ -163,7 +163,7 @@ def breaks_the_word(text: str, prefix: str, suffix: str) -> bool:
       or a word the document has, typed after its own first letters, making one it has nowhere else.
     A single blank or a line end after a word is how code goes on (`return n` + ` * f(n - 1)`, a new
     name `total` + ` = 0`): healing lets the model decide that the word is whole."""
-    typed = _WORD_END.search(prefix)
+    typed = _WORD_END.search(prefix, max(0, len(prefix) - WORD_CHARS))  # a word, not the whole document
     if typed is None or not text:
         return False
     word = typed.group()
@@ -181,6 +181,7 @@ def breaks_the_word(text: str, prefix: str, suffix: str) -> bool:
 
 
 TAB_COLUMNS = 8  # where a tab that aligns columns leads to (the editors' default)
+WORD_CHARS = 256  # the longest word before the cursor looked at
 # a non-blank after a run of blanks inside a line (not before a comment): where a column starts
 _COLUMN_START = re.compile(r"(?<=\S)(?:[ \t]{2,}|\t)(?!#|//|--|/\*)(?=\S)")
 _UNDERLINE = re.compile(r"\r?\n[ \t]*([-=~^])\1{2,}[ \t]*(\r?\n|$)")
@@ -190,8 +191,9 @@ def _starts_a_column(column: int, prefix: str, suffix: str, lines: int = 5) -> b
     """Whether one of the lines around the cursor (up to `lines` each side) starts a column at `column`
     after a run of blanks."""
     around = prefix.rsplit("\n", lines + 1)[-lines - 1:-1] + suffix.split("\n", lines + 1)[1:lines + 1]
+    # a character's column is at least its index: what lies past `column` starts no column there
     return any(len(line[:m.end()].expandtabs(TAB_COLUMNS)) == column
-               for line in around for m in _COLUMN_START.finditer(line.rstrip("\r")))
+               for line in around for m in _COLUMN_START.finditer(line[:column + 1].rstrip("\r")))
 
 
 def _is_known(word: str, prefix: str, suffix: str, typed: int) -> bool:

@@ -38,7 +38,7 @@ from decoding.models.weights import Int4Linear, Int8Embedding, Int8Linear, compu
 
 ARCHITECTURES = ("qwen2", "llama", "mistral")
 # int4 group size along the input dimension: with ATen's CPU kernel, smaller groups cost a little more
-# for one row and less for the few rows speculation verifies (docs/weights.md), and quantize more finely.
+# for one row and less for the few rows speculation verifies (docs/history.md), and quantize more finely.
 INT4_GROUP = 32
 # Attention windows grow in steps of this many positions: a step costs a row at most this many masked
 # keys, and a forward of up to this many rows spans at most two windows.

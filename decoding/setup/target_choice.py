@@ -100,7 +100,7 @@ def measured_speed() -> dict | None:
         return None
     shapes = (LAYER_SHAPES, LAYERS, LM_HEAD, OTHER_OPS, FLUSH_BYTES)  # what the estimate is made of: a change measures again
     key = f"{device_key(torch.device('cpu'))} | {implementation('int4')} | " \
-          f"{cache_files.code_hash(_measure, extra=repr(shapes))}"
+          f"{cache_files.code_hash(_measure, _best, extra=repr(shapes))}"
     value, _ = cache_files.kept_or_measured(paths.draftwise_home() / RECORD, key, _measure,
                                             f"{LARGER}'s speed on this CPU",
                                             valid=lambda v: v["read_tok_s"] > 0 and v["step_ms"] > 0)
@@ -113,8 +113,6 @@ def _measure(rows: int = 256, repeats: int = 3) -> dict:
     model's weights from memory, as a real one does), the best of `repeats` each; a step also reads the
     int8 lm_head (a prompt's chunk computes logits for its last row only)."""
     import torch
-
-    from decoding.models.weights import Int8Linear
 
     def layer(n: int, k: int) -> tuple:  # the values do not change the kernel's time
         return (torch.full((n // 16, k // 8, 64), 0x5A, dtype=torch.uint8),
@@ -136,8 +134,11 @@ def _measure(rows: int = 256, repeats: int = 3) -> dict:
                     torch.ops.draftwise.q4_linear(ones[k], *weights, 32)
 
         step = _best(steps, repeats) * LAYERS / len(stack)
-        head = Int8Linear(torch.ones(LM_HEAD, dtype=torch.int8), torch.full((LM_HEAD[0],), 0.01), None)
-        head_step = _best(lambda: head(torch.randn(1, LM_HEAD[1])), repeats * 3)
+        del stack
+        (n, k), row = LM_HEAD, torch.randn(1, LM_HEAD[1])  # the int8 kernel in the lm_head's layout
+        head = (torch.ones(n // 16, k // 4, 64, dtype=torch.int8), torch.full((n,), k, dtype=torch.int32),
+                torch.full((n,), 0.01))
+        head_step = _best(lambda: torch.ops.draftwise.q8_linear(row, *head), repeats * 3)
     forward, decode = chunk * LAYERS / (1 - OTHER_OPS), step / (1 - OTHER_OPS) + head_step
     return {"read_tok_s": round(rows / forward, 1), "step_ms": round(decode * 1000, 1)}
 

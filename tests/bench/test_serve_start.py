@@ -45,3 +45,18 @@ def test_the_first_suggestion_in_a_just_opened_file_is_timed_per_pause(tiny_mode
     unhinted = cold_start(str(tiny_model_dir), "int8", cases[:1], hint=False, timeout_s=120, pauses=(1.0,))
     assert unhinted["cursor_hint"] is False and unhinted["runs"][0]["error"] is None
     assert unhinted["runs"][0]["answered_by"] == "request"  # no cursor: nothing started there
+
+
+def test_prompt_readings_share_counts_the_pause_where_idle_work_answered():
+    """A request that joined idle work waited for the rest of a job started at the open, the pause
+    earlier: reading's share is of the pause and the wait; a request that read its prompt itself, of its wait."""
+    from bench.cold_start import ColdRun, summary
+
+    runs = [ColdRun("a", 1.0, wait_ms=1000.0, prompt_tokens=1000, prefill_ms=1500.0, answered_by="idle work"),
+            ColdRun("b", 1.0, wait_ms=1000.0, prompt_tokens=1000, prefill_ms=1500.0, answered_by="idle work"),
+            ColdRun("c", 0.0, wait_ms=2000.0, prompt_tokens=1000, prefill_ms=1500.0, answered_by="request"),
+            ColdRun("d", 0.0, wait_ms=0.0, error="gone")]
+    row = summary(runs, pauses=(0.0, 1.0))
+    assert row["1s"]["prompt_reading_share"] == 0.75 and row["1s"]["answered_by_idle_work"] == 2  # 1500 of 2000
+    assert row["0s"]["prompt_reading_share"] == 0.75 and row["0s"]["runs"] == 1  # 1500 of its own 2000
+    assert row["1s"]["read_ahead_median"] == 1000 and row["0s"]["read_ahead_median"] == 0
