@@ -122,6 +122,9 @@ class IdleWork:
         if not settings.idle_work or doc.edit_end is None or not settings.serves_language(doc.language_id):
             self.predictor.stop()
             return None
+        if not self.host.ready:  # the latest edit is where the user will ask first: started once loaded
+            self._waiting = (doc, doc.edit_end, True, doc.version)
+            return None
         running_along = self.predictor.follow_typing(doc, doc.edit_end)
         if running_along is not None:
             return running_along

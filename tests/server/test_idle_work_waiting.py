@@ -72,3 +72,15 @@ def test_a_document_closed_or_no_longer_wanted_while_loading_is_not_read_ahead()
     host.ready = True
     work.engine_ready()
     assert host.prepared == []
+
+
+def test_the_latest_edit_while_loading_is_where_idle_work_starts_once_ready():
+    work, documents, host, _ = idle_work(Settings())
+    first, second = opened(documents, "file:///a.py"), opened(documents, "file:///b.py")
+    work.document_opened(first)
+    work.document_opened(second)
+    first.version, first.text, first.edit_end = 2, "y" + first.text, 1  # then an edit in the first
+    work.document_changed(first)
+    host.ready = True
+    work.engine_ready()
+    assert host.prepared == [("file:///a.py", 2, 1)]
