@@ -139,7 +139,9 @@ def _measure(rows: int = 256, repeats: int = 3) -> dict:
         head = (torch.ones(n // 16, k // 4, 64, dtype=torch.int8), torch.full((n,), k, dtype=torch.int32),
                 torch.full((n,), 0.01))
         head_step = _best(lambda: torch.ops.draftwise.q8_linear(row, *head), repeats * 3)
-    forward, decode = chunk * LAYERS / (1 - OTHER_OPS), step / (1 - OTHER_OPS) + head_step
+    # a chunk's other ops (attention over its rows, norms) are OTHER_OPS of its time; one row's are
+    # small beside streaming the weights (the estimate came within ~20% of the 1.5B's timed step)
+    forward, decode = chunk * LAYERS / (1 - OTHER_OPS), step + head_step
     return {"read_tok_s": round(rows / forward, 1), "step_ms": round(decode * 1000, 1)}
 
 
