@@ -161,9 +161,11 @@ def established(vllm: VllmServer) -> set:
 
 
 def watch_the_stream(vllm: VllmServer, base: float):
-    """(connections, decoding): decoding() says when to cancel (vllm_decoding); then `connections`
-    holds the ones carrying the answer: open 0.1 s apart (not a short /metrics read), opened since
-    this call where any was (else a pooled one carries it, among the open ones)."""
+    """(connections, started): started() says when to cancel: vLLM is decoding (vllm_decoding) and a
+    connection carrying the answer is seen; `connections` then holds the ones that may carry it: open
+    0.1 s apart (not a short /metrics read), opened since this call where any was (else a pooled one
+    carries it, among the open ones). In one CI run vLLM counted a running request while no
+    connection to it was open (0 carried the answer): that is not yet the answer streaming to us."""
     before = established(vllm)
     decoding = vllm_decoding(vllm, base)
     connections: set = set()
@@ -175,7 +177,7 @@ def watch_the_stream(vllm: VllmServer, base: float):
         time.sleep(0.1)
         lasting = first & established(vllm)
         connections.update((lasting - before) or lasting)
-        return True
+        return bool(connections)
     return connections, started
 
 
