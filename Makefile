@@ -148,6 +148,7 @@ TOOLCHAIN_TESTS := tests/engine/test_exact_or_off.py \
 	tests/engine/test_integer_kernels.py::test_every_instruction_set_computes_the_same_bits \
 	tests/engine/test_integer_kernels.py::test_each_row_is_computed_alike_at_every_width \
 	tests/engine/test_integer_kernels.py::test_the_int8_kernel_gives_int_mms_bits_at_every_width \
+	tests/engine/test_integer_kernels.py::test_the_grid_fit_gives_the_same_bits_on_every_instruction_set_and_thread_count \
 	tests/engine/test_row_invariance.py::test_attention_computes_the_same_bits_on_every_instruction_set \
 	tests/engine/test_row_invariance.py::test_attention_kernel_is_close_to_softmax_attention_and_each_row_is_its_own \
 	'tests/engine/test_row_invariance.py::test_verify_rows_equal_decode_steps_at_every_thread_count[int8-0.5b]' \
@@ -169,10 +170,11 @@ test-toolchains: test-models
 	@env CXX=/bin/false $(BIN)/python -m pytest -q -p no:cacheprovider $(NO_COMPILER_TESTS)
 
 # The ARM kernels' cores, cross-compiled for aarch64 and run under qemu: the integer kernel bit for bit
-# the reference arithmetic at every row count; the attention kernel's NEON and plain C++ builds the
-# same bits as every x86 build (apt: g++-aarch64-linux-gnu qemu-user).
+# the reference arithmetic at every row count; the attention kernel's NEON and plain C++ builds, and
+# packing's grid fit, the same bits as every x86 build (apt: g++-aarch64-linux-gnu qemu-user).
 ARM_TEST := $(VENV)/neon_kernel_test
 ARM_ROWS_TEST := $(VENV)/row_ops_test
+ARM_GRID_TEST := $(VENV)/grid_fit_test
 test-arm:
 	@mkdir -p $(VENV)
 	aarch64-linux-gnu-g++ -O2 -std=c++17 -march=armv8.2-a+dotprod -static -I decoding/kernels \
@@ -182,6 +184,9 @@ test-arm:
 	  aarch64-linux-gnu-g++ -O3 -std=c++17 -ffp-contract=off $$build -static -I decoding/kernels \
 	    tests/kernels/row_ops_test.cpp -o $(ARM_ROWS_TEST) && qemu-aarch64 -cpu max $(ARM_ROWS_TEST) || exit 1; \
 	done
+	aarch64-linux-gnu-g++ -O3 -std=c++17 -ffp-contract=off -static -I decoding/kernels \
+	  tests/kernels/grid_fit_test.cpp -o $(ARM_GRID_TEST)
+	qemu-aarch64 -cpu max $(ARM_GRID_TEST)
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not slow and not real_model and not remote"

@@ -49,62 +49,24 @@ def problem() -> str | None:
     return kernel_build.build("draftwise_integer_linear", source, flags, "int8/int4")
 
 
-def _fit_groups(groups: torch.Tensor, refits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale and low [..., 1] per group of weights [..., group], in fp16, choosing for each group
-    the grid with the least squared error among: min..max in 15 steps (the usual); min..max in 11-14
-    steps, anchored at either end; and least-squares refits of scale and low to the codes chosen.
-    Why: the presets' weights come from a GGUF file, where a Q4_K group's values lie on a grid of 16
-    levels that needs not reach both ends of 0..15; the usual grid then puts every value off its
-    level (4.3% RMS error on the 0.5B's down projections), one of these finds it (0.07%). On the 5-bit
-    layers the error falls by a tenth."""
-    def error(scale, low):
-        scale, low = scale.half().float(), low.half().float()
-        codes = torch.round((groups - low) / scale).clamp(0, 15)
-        return (codes * scale + low - groups).pow(2).sum(-1, keepdim=True), codes
-
-    lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
-    scale, low = ((hi - lo) / 15).clamp(min=1e-8), lo
-    best, codes = error(scale, low)
-
-    def keep(candidate_scale, candidate_low):
-        nonlocal scale, low, best, codes
-        err, c = error(candidate_scale, candidate_low)
-        better = err < best
-        scale, low = torch.where(better, candidate_scale, scale), torch.where(better, candidate_low, low)
-        best, codes = torch.where(better, err, best), torch.where(better, c, codes)
-
-    for steps in (14, 13, 12, 11):
-        step = ((hi - lo) / steps).clamp(min=1e-8)
-        keep(step, lo)
-        keep(step, hi - 15 * step)
-    for _ in range(refits):
-        mean_code, mean_weight = codes.mean(-1, keepdim=True), groups.mean(-1, keepdim=True)
-        var = (codes - mean_code).pow(2).mean(-1, keepdim=True)
-        fitted = ((codes - mean_code) * (groups - mean_weight)).mean(-1, keepdim=True) / var.clamp(min=1e-12)
-        fitted = torch.where(var > 0, fitted, scale).clamp(min=1e-8)
-        keep(fitted, torch.where(var > 0, mean_weight - fitted * mean_code, low))
-    return scale.half(), low.half()
-
-
-FIT_CHUNK = 4096  # groups fitted at a time (pack)
+REFITS = 4  # least-squares refits of each group's grid to its codes (grid_fit.h)
 
 
 def pack(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """weight [N, K] as 4-bit codes per group of `group` inputs (a weight is code * scale + low), in
-    the kernel's layout: (packed, scales, lows)."""
+    the kernel's layout: (packed, scales, lows). Each group's grid is the one of least squared error
+    among min..max in 11-15 steps and refits (grid_fit.h says why): the presets' weights come from a
+    GGUF file, where a Q4_K group's values lie on a grid of 16 levels that needs not reach both ends
+    of 0..15; the usual min..max grid then puts every value off its level (4.3% RMS error on the 0.5B's
+    down projections), the fit finds it (0.07%). The kernel's extension fits them: packing runs where
+    the kernel does."""
+    if not load():
+        raise RuntimeError(f"int4 packing needs draftwise's kernel: {problem()}")
     w = weight.detach().float()
     n, k = w.shape
-    grouped = w.reshape(n, k // group, group)
-    # Fitted a few thousand groups at a time: each group is fitted on its own, so the bits are those of
-    # one call over the whole layer, but ~0.5 MB of weights stays in cache through the fitting's ~100
-    # passes (a 1.5B MLP layer: 2.4 s whole, 0.45 s in chunks)
-    flat = grouped.reshape(-1, 1, group)
-    fitted = [_fit_groups(flat[i:i + FIT_CHUNK]) for i in range(0, flat.shape[0], FIT_CHUNK)]
-    # fp16, as the kernel reads them: codes are chosen against those
-    scale = torch.cat([f[0] for f in fitted]).reshape(n, k // group, 1)
-    low = torch.cat([f[1] for f in fitted]).reshape(n, k // group, 1)
-    codes = torch.round((grouped - low.float()) / scale.float()).clamp(0, 15).to(torch.uint8)
-    scale, low = scale.squeeze(-1), low.squeeze(-1)
+    scale, low, codes = torch.ops.draftwise.fit_int4_grids(w.reshape(-1, group).contiguous(), REFITS)
+    # fp16, as the kernel reads them: the codes were chosen against those
+    scale, low = scale.half().reshape(n, k // group), low.half().reshape(n, k // group)
     codes = codes.reshape(n // BLOCK, BLOCK, k // 8, 2, 4)  # block, lane, step, nibble, byte
     packed = (codes[:, :, :, 0] | (codes[:, :, :, 1] << 4)).permute(0, 2, 1, 3).reshape(n // BLOCK, k // 8, 64)
 
@@ -156,18 +118,19 @@ def int8_rows_of(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=1)
 def pack_code() -> str:
-    """A hash of the code that packs (pack, _fit_groups) and of torch's version and vector code path,
-    whose float arithmetic fits the grids: kept packed layers are named by it, so packing code changed
-    in any way is never served another version's codes."""
+    """A hash of the code that packs (pack and grid_fit.h, whose grids are the same bits on every
+    instruction set): kept packed layers are named by it, so packing code changed in any way is never
+    served another version's codes."""
     from decoding.home.cache_files import code_hash
 
-    return code_hash(_fit_groups, pack, extra=f"{torch.__version__} {torch.backends.cpu.get_cpu_capability()} {BLOCK}")
+    fit = SOURCE.with_name("grid_fit.h").read_text()
+    return code_hash(pack, extra=f"{fit} {REFITS} {BLOCK}")
 
 
 def cached_pack(weight: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """pack(), kept on disk under $DRAFTWISE_HOME/packed by the weight's content: fitting each
-    group's grid reads the weights ~100 times (~45 s for the 1.5B on 2 cores), a file loads in
-    a fraction of that. A home that cannot be written only costs the next load the fitting again."""
+    group's grid reads its weights ~150 times (a few seconds for the 1.5B on 2 cores), a file loads
+    in less. A home that cannot be written only costs the next load the fitting again."""
     return _cached_pack(weight, group)[0]
 
 
@@ -186,7 +149,9 @@ def _cached_pack(weight: torch.Tensor, group: int, keep: bool = True):
         return (torch.empty(n // BLOCK, k // 8, 64, dtype=torch.uint8, device="meta"), grid, grid.clone()), None
     if not keep:
         return pack(w, group), None
-    digest = hashlib.blake2b(w.numpy().tobytes(), digest_size=16).hexdigest()
+    # sha256 over the tensor's own memory: the CPU's SHA instructions and no copy (blake2b over a copy
+    # took ~10 s of the 1.5B's first start, this ~3.5 s)
+    digest = hashlib.sha256(memoryview(w.numpy()).cast("B")).hexdigest()[:32]
     where = paths.draftwise_home() / "packed" / f"{digest}-g{group}-{pack_code()}.safetensors"
     shapes = {"packed": ((n // BLOCK, k // 8, 64), torch.uint8), "scales": ((n // BLOCK, k // group, BLOCK), torch.float16),
               "lows": ((n // BLOCK, k // group, BLOCK), torch.float16)}

@@ -263,3 +263,108 @@ def test_an_avx_vnni_laptop_gets_the_vnni_kernel_only_where_the_compiler_builds_
             kernel_build.isa()
     finally:
         kernel_build.isa.cache_clear()
+
+
+# ---- packing's grid fit (decoding/kernels/grid_fit.h) ----------------------------------------------
+
+
+def _fit_groups_reference(groups: torch.Tensor, refits: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grid fit as it was written in torch ops before it moved to the kernel (grid_fit.h says why):
+    the candidates and refits, one tensor op at a time. torch sums a group in its own order, so a
+    near-tie between two candidates can go either way: the kernel is compared with this on the
+    error it reaches, not bit for bit."""
+    def error(scale, low):
+        scale, low = scale.half().float(), low.half().float()
+        codes = torch.round((groups - low) / scale).clamp(0, 15)
+        return (codes * scale + low - groups).pow(2).sum(-1, keepdim=True), codes
+
+    lo, hi = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    scale, low = ((hi - lo) / 15).clamp(min=1e-8), lo
+    best, codes = error(scale, low)
+
+    def keep(candidate_scale, candidate_low):
+        nonlocal scale, low, best, codes
+        err, c = error(candidate_scale, candidate_low)
+        better = err < best
+        scale, low = torch.where(better, candidate_scale, scale), torch.where(better, candidate_low, low)
+        best, codes = torch.where(better, err, best), torch.where(better, c, codes)
+
+    for steps in (14, 13, 12, 11):
+        step = ((hi - lo) / steps).clamp(min=1e-8)
+        keep(step, lo)
+        keep(step, hi - 15 * step)
+    for _ in range(refits):
+        mean_code, mean_weight = codes.mean(-1, keepdim=True), groups.mean(-1, keepdim=True)
+        var = (codes - mean_code).pow(2).mean(-1, keepdim=True)
+        fitted = ((codes - mean_code) * (groups - mean_weight)).mean(-1, keepdim=True) / var.clamp(min=1e-12)
+        fitted = torch.where(var > 0, fitted, scale).clamp(min=1e-8)
+        keep(fitted, torch.where(var > 0, mean_weight - fitted * mean_code, low))
+    return scale.half().float().reshape(-1), low.half().float().reshape(-1)
+
+
+def _grid_error(groups: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    codes = torch.round((groups - low[:, None]) / scale[:, None]).clamp(0, 15)
+    return (codes * scale[:, None] + low[:, None] - groups).pow(2).sum(-1)
+
+
+def test_the_grid_fit_reaches_the_reference_fits_error():
+    """On noise-like weights and on weights that lie on a Q4_K-like grid (levels 2..13 of 16, what the
+    presets' GGUF files hold): the kernel picks the reference's grid in all but near-ties, errs as
+    little in total, never more than the usual min..max grid, finds the grid the weights lie on, and
+    its codes are the ones that grid gives."""
+    torch.manual_seed(3)
+    noise = torch.randn(20_000, 32) * 0.02
+    step, codes = torch.rand(8_000, 1) * 0.01 + 0.001, torch.randint(2, 14, (8_000, 32)).float()
+    codes[:, 0], codes[:, 1] = 2, 13
+    on_grid = (codes * step - 0.05).half().float()
+    for groups in (noise, on_grid):
+        scale, low, got_codes = torch.ops.draftwise.fit_int4_grids(groups.contiguous(), integer_linear.REFITS)
+        ref_scale, ref_low = _fit_groups_reference(groups.unsqueeze(1))
+        same = (scale == ref_scale) & (low == ref_low)
+        assert same.float().mean() > 0.998, f"{int((~same).sum())} of {len(same)} grids differ from the reference's"
+        err, ref_err = _grid_error(groups, scale, low), _grid_error(groups, ref_scale, ref_low)
+        assert float(err.sum()) <= float(ref_err.sum()) * (1 + 1e-3)
+        lo, hi = groups.amin(-1), groups.amax(-1)
+        min_max = _grid_error(groups, ((hi - lo) / 15).half().float(), lo.half().float())  # in fp16, as stored
+        assert bool((err <= min_max * (1 + 1e-5)).all())
+        assert torch.equal(scale, scale.half().float()) and torch.equal(low, low.half().float())
+        expected = torch.round((groups - low[:, None]) / scale[:, None]).clamp(0, 15)
+        assert torch.equal(got_codes, expected.to(torch.uint8))
+    assert float(err.sum()) < float(min_max.sum()) / 100  # on the grid: found, where min..max misses it
+
+
+def grid_fit_inputs() -> torch.Tensor:
+    """tests/kernels/grid_fit_test.cpp's groups, number for number: 69 groups of 32 (a short last block
+    of 5), from noise, from Q4_K-like grids, and the edges: all zeros (a zero scale), all equal, values
+    whose grid is fp16-subnormal, values whose low overflows fp16."""
+    rng = Xorshift()
+    noise = lambda n: torch.tensor(rng.uniform(-3000, 3000, n * 32), dtype=torch.float32).reshape(n, 32) / 65536  # noqa: E731
+    first = noise(40)
+    grids = []
+    for _ in range(20):
+        step = torch.tensor(rng.uniform(1, 300, 1), dtype=torch.float32) / 65536
+        low = torch.tensor(rng.uniform(-3000, 0, 1), dtype=torch.float32) / 65536
+        grids.append(torch.tensor(rng.uniform(2, 13, 32), dtype=torch.float32) * step + low)
+    zeros, equal = torch.zeros(1, 32), torch.full((1, 32), 0.25)
+    subnormal = torch.tensor(rng.uniform(-1000, 1000, 32), dtype=torch.float32).reshape(1, 32) / 16777216
+    huge = torch.tensor(rng.uniform(-100000, 100000, 32), dtype=torch.float32).reshape(1, 32)
+    return torch.cat([first, torch.stack(grids), zeros, equal, subnormal, huge, noise(5)]).contiguous()
+
+
+# fit_int4_grids' scales, lows and codes on grid_fit_inputs(), recorded on the AVX-512 VNNI build;
+# every other build (make test-isa, make test-toolchains; make test-arm: grid_fit_test.cpp) must give it.
+GRID_FIT_DIGEST = 0xE9AB33AD2C4534E8
+
+
+def test_the_grid_fit_gives_the_same_bits_on_every_instruction_set_and_thread_count():
+    groups = grid_fit_inputs()
+    outputs = torch.ops.draftwise.fit_int4_grids(groups, integer_linear.REFITS)
+    digest = fnv1a(torch.cat([outputs[0], outputs[1], outputs[2].reshape(-1).float()]))
+    assert digest == GRID_FIT_DIGEST, hex(digest)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert all(torch.equal(a, b) for a, b in zip(torch.ops.draftwise.fit_int4_grids(groups, integer_linear.REFITS), outputs))
+    finally:
+        torch.set_num_threads(threads)
+    assert outputs[0][60] == 0 and outputs[1][60] == 0  # all zeros: a zero scale, the low 0

@@ -415,18 +415,16 @@ def test_the_reported_kernel_names_the_attention_path_the_decoder_runs(tiny_mode
         engine.close()
 
 
-def test_packing_in_chunks_fits_each_group_as_one_call_over_the_layer_does():
-    """pack() (pure torch: it runs on any CPU) fits a few thousand groups at a time for speed: the
-    grids and codes must be those of fitting the whole layer at once (a layer of 2.5 chunks, so a
-    short last chunk is included)."""
+@pytest.mark.skipif(not integer_linear.load(), reason=f"int4 kernel: {integer_linear.problem()}")
+def test_packing_lays_out_each_groups_fitted_grid_and_codes():
+    """pack() puts the kernel's fit (grid_fit.h: tests/engine/test_integer_kernels.py checks its grids)
+    in q4_linear's layout: unpacked, every weight is its group's code times its scale plus its low."""
     torch.manual_seed(1)
-    weight = torch.randn(160, 2016) * 0.02  # 10,080 groups
+    weight = torch.randn(160, 2016) * 0.02
     n, k = weight.shape
-    assert n * k // 32 > 2 * integer_linear.FIT_CHUNK and (n * k // 32) % integer_linear.FIT_CHUNK
-    scale, low = integer_linear._fit_groups(weight.reshape(n, k // 32, 32))
+    scale, low, codes = torch.ops.draftwise.fit_int4_grids(weight.reshape(-1, 32).contiguous(), integer_linear.REFITS)
     packed, scales, lows = integer_linear.pack(weight)
-    per_block = lambda t: t.reshape(n // 16, 16, k // 32).permute(0, 2, 1)  # noqa: E731
-    assert torch.equal(scales, per_block(scale.squeeze(-1))) and torch.equal(lows, per_block(low.squeeze(-1)))
-    codes = torch.round((weight.reshape(n, k // 32, 32) - low.float()) / scale.float()).clamp(0, 15)
+    per_block = lambda t: t.half().reshape(n // 16, 16, k // 32).permute(0, 2, 1)  # noqa: E731
+    assert torch.equal(scales, per_block(scale)) and torch.equal(lows, per_block(low))
     assert torch.equal(integer_linear.unpack(packed, scales, lows),
-                       (codes * scale.float() + low.float()).reshape(n, k))
+                       (codes.float() * scale[:, None] + low[:, None]).reshape(n, k))

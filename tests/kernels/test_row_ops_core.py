@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(kernel_build.compiler_problem() is not None, rea
 
 KERNELS = Path(row_ops.__file__).parent
 TEST = Path(__file__).with_name("row_ops_test.cpp")
+GRID_FIT_TEST = Path(__file__).with_name("grid_fit_test.cpp")
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -65,3 +66,16 @@ def test_the_attention_core_gives_every_build_the_same_bits(name, flags, tmp_pat
     ran = subprocess.run([str(binary)], capture_output=True, text=True, timeout=600)
     assert ran.returncode == 0, ran.stdout[-2000:]
     assert " 0 of " in ran.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("name, flags", _core_builds(), ids=[b[0] for b in _core_builds()])
+def test_the_grid_fit_gives_every_build_the_same_bits(name, flags, tmp_path):
+    """Packing's grid fit (grid_fit.h, no torch) against the digest every build must give: one that
+    GCC 11's and 12's AVX2 vectorizers once changed (tests/kernels/grid_fit_test.cpp)."""
+    binary = tmp_path / "grid_fit_test"
+    built = subprocess.run([kernel_build.compiler(), "-O3", "-std=c++17", "-ffp-contract=off", *flags,
+                            f"-I{KERNELS}", str(GRID_FIT_TEST), "-o", str(binary)], capture_output=True, text=True,
+                           timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    ran = subprocess.run([str(binary)], capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0 and " 0 of " in ran.stdout.splitlines()[-1], ran.stdout[-2000:]
