@@ -8,6 +8,7 @@ Where things live:
 - `cursor.py`       where the cursor is: the line around it, mid-word or not
 - `suggestions.py`  a suggestion as LSP items, and what the user accepted of it
 - `typing_along.py` every answer before the engine is asked: the prediction, type-ahead, prefetches
+- `request_path.py` what typing along asks of completions.py by name: requests, engine jobs, items
 - `prediction.py`   idle work: the suggestion computed before it is asked for, followed while typing
 - `idle_work.py`    when idle work starts: the pause timer, read-ahead and prefetch
 - `repository_context.py` the workspace index (decoding/repository/) kept current, and each request's share

@@ -31,8 +31,9 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from decoding.api import CompletionRequest, CompletionResult
 from decoding.errors import EngineNotReady
+from decoding.jobs import Job
 from lsp_server.config import Settings
-from lsp_server.cursor import Cursor, cursor_line, mid_word, read_cursor
+from lsp_server.cursor import Cursor, mid_word, read_cursor
 from lsp_server.documents import DocumentStore, OpenDocument, display_path, select_context
 from lsp_server.engine_host import EngineHost
 from lsp_server.postprocess import Edit, IndentStyle, breaks_the_word, detect_indent, shape
@@ -61,12 +62,10 @@ class Completions:
         self.counts = SuggestionCounts()
         self._indent_cache: dict[str, tuple[int, IndentStyle]] = {}
         self.last_stats: dict | None = None  # engine stats of the last suggestion the editor waited for
-        # Answers before the engine is asked (lsp_server/idle_work.py says when idle work starts).
-        self.typing_along = TypingAlong(
-            documents, settings, self.counts,
-            request_at=lambda doc, prefix, suffix: self.request_at(doc, prefix, suffix, settings()),
-            submit=self._submit, shaped=self._shaped, indent=self._indent, record_stats=self._record_stats)
-        self.items = SentItems(self.counts, self.typing_along.memory)
+        # Answers before the engine is asked (lsp_server/idle_work.py says when idle work starts); it
+        # asks this object for requests, engine jobs and items (request_path.RequestPath).
+        self.typing_along = TypingAlong(documents, settings, self.counts, requests=self)
+        self.items = SentItems(self.counts)
 
     # ---- the request path ----------------------------------------------------------------------
 
@@ -81,12 +80,12 @@ class Completions:
         settings = self.settings()
         if not settings.serves_language(doc.language_id) or not self.host.ready:
             return None
-        cursor = read_cursor(doc, position, selected, self.documents.encoding, self._indent(doc))
+        cursor = read_cursor(doc, position, selected, self.documents.encoding, self.indent(doc))
         self.documents.touch(uri)
         if not invoked and mid_word(cursor.line_before, cursor.line_after):
             self.counts.skipped_mid_word += 1
             return None
-        request = self.request_at(doc, cursor.prefix, cursor.suffix, settings)
+        request = self.request_at(doc, cursor.prefix, cursor.suffix)
         use_memory = selected is None  # a popup selection is hypothetical text: don't remember it
         # Asked for by hand: the user waits for a choice, so no instant answer from type-ahead.
         if invoked and settings.alternatives > 1:
@@ -104,7 +103,7 @@ class Completions:
     async def _engine_answer(self, cursor: Cursor, request: CompletionRequest):
         """The engine's result for the request; SUPERSEDED when it is stale, None when there is none."""
         uri = cursor.doc.uri
-        job = self._submit(request, cursor.version)
+        job = self.submit(request, cursor.version)
         if job is None:
             return None
         try:
@@ -131,12 +130,12 @@ class Completions:
 
     def _suggestions(self, cursor: Cursor, result: CompletionResult, use_memory: bool) -> Suggestion | None:
         """The greedy text's suggestion with the distinct alternatives after it."""
-        suggestion = self._shaped(cursor, result.text, instant=False)
+        suggestion = self.shaped(cursor, result.text, instant=False)
         if suggestion is not None and use_memory:
             self.typing_along.shown(cursor, suggestion)
         others: list[Suggestion] = []
         for text in result.alternatives:
-            other = self._shaped(cursor, text, instant=False, alternative=True)
+            other = self.shaped(cursor, text, instant=False, alternative=True)
             # Distinct as the editor shows them (shaping can make two texts equal).
             if other is not None and other.text not in {s.text for s in [suggestion, *others] if s}:
                 others.append(other)
@@ -146,7 +145,9 @@ class Completions:
             suggestion = replace(suggestion, alternatives=tuple(others))
         return suggestion
 
-    def _shaped(self, cursor: Cursor, text: str, instant: bool, alternative: bool = False) -> Suggestion | None:
+    # ---- what typing along asks of the request path (request_path.RequestPath) -------------------
+
+    def shaped(self, cursor: Cursor, text: str, instant: bool, alternative: bool = False) -> Suggestion | None:
         if breaks_the_word(text, cursor.prefix, cursor.suffix):  # nothing rather than a broken line
             self.counts.broken_words += 1
             log.info("not shown: %r would break the word before the cursor", text[:40])
@@ -164,8 +165,8 @@ class Completions:
                             alternative)
         return self.items.send(record, replaced, instant)
 
-    def request_at(self, doc: OpenDocument, prefix: str, suffix: str, settings: Settings) -> CompletionRequest:
-        folders = self.workspace_folders()
+    def request_at(self, doc: OpenDocument, prefix: str, suffix: str) -> CompletionRequest:
+        settings, folders = self.settings(), self.workspace_folders()
         engine = settings.engine
         on = settings.repo_context_on(self.host.repo_context_pays)
         repo = (self.repository.context_for(doc.uri, doc.language_id, prefix, settings.repo_context_tokens)
@@ -182,17 +183,7 @@ class Completions:
             temperature=settings.temperature, draft_hint=self.typing_along.draft_hint(doc.uri, prefix),
             time_limit_s=settings.max_time_ms / 1000 if settings.max_time_ms else None)
 
-    def idle_request(self, doc: OpenDocument, offset: int) -> tuple[CompletionRequest, bool]:
-        """The request the editor will send if the user stops with the cursor at `offset`, and whether
-        it is worth computing before it comes (False: suggest() would not ask the engine first, as
-        inside a word or along a shown suggestion; reading its prompt ahead still pays)."""
-        prefix, suffix = doc.text[:offset], doc.text[offset:]
-        request = self.request_at(doc, prefix, suffix, self.settings())
-        line_before, line_after = cursor_line(prefix, suffix)
-        generate = not mid_word(line_before, line_after) and not self.typing_along.answers_at(doc, prefix, suffix)
-        return request, generate
-
-    def _submit(self, request: CompletionRequest, version: int, idle: bool = False):
+    def submit(self, request: CompletionRequest, version: int, idle: bool = False) -> Job | None:
         try:
             return self.host.submit(request, version, idle=idle)
         except EngineNotReady:
@@ -201,11 +192,10 @@ class Completions:
             log.exception("the engine refused a request for %s", request.document)
             return None
 
-    def _record_stats(self, stats: dict) -> None:
+    def record_stats(self, stats: dict) -> None:
         self.last_stats = stats
 
-
-    def _indent(self, doc: OpenDocument) -> IndentStyle:
+    def indent(self, doc: OpenDocument) -> IndentStyle:
         cached = self._indent_cache.get(doc.uri)
         if cached is None or cached[0] != doc.version:
             cached = (doc.version, detect_indent(doc.text))
@@ -221,7 +211,9 @@ class Completions:
     # ---- acceptance (suggestions.SentItems) ------------------------------------------------------
 
     def accepted(self, arguments: Sequence[object]) -> None:
-        self.items.accepted(arguments)
+        if (taken := self.items.accepted(arguments)) is not None:
+            self.typing_along.taken(taken)
 
     def partially_accepted(self, arguments: Sequence[object]) -> None:
-        self.items.partially_accepted(arguments)
+        if (taken := self.items.partially_accepted(arguments)) is not None:
+            self.typing_along.taken(taken)

@@ -9,7 +9,7 @@ adds to the wait. Where the editor will not ask, or will be answered from a show
 
 The user often goes on typing what that suggestion says (the end of a word, the `)` and the Enter
 of a line). Then it is not stopped: it runs on, and the request at the next pause is answered from
-its rest (lsp_server/prediction.py: Predictor.follow_typing, Predictor.answer), with a head start of
+its rest (lsp_server/prediction.py, behind TypingAlong: follow_typing, answer), with a head start of
 every keystroke typed along it. It stops itself at the first token that differs from the typing
 (Job.expect), and idle work starts again where the cursor is. Where the time cap ended it at a line
 end, the line after is computed next, as if the user had typed it; where the model ended it at the
@@ -36,7 +36,10 @@ import logging
 from typing import Callable
 
 from lsp_server.config import Settings
-from lsp_server.documents import OpenDocument
+from lsp_server.documents import DocumentStore, OpenDocument
+from lsp_server.engine_host import EngineHost
+from lsp_server.prediction import Prediction
+from lsp_server.typing_along import TypingAlong
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +49,11 @@ QUIET_S = 0.02
 
 
 class IdleWork:
-    def __init__(self, completions, host, settings: Callable[[], Settings], quiet_s: float = QUIET_S) -> None:
-        self.completions = completions  # lsp_server.completions.Completions: builds the request
-        self.predictor = completions.typing_along.predictor  # lsp_server.prediction.Predictor: idle work's suggestion
-        self.host = host  # lsp_server.engine_host.EngineHost
+    def __init__(self, typing_along: TypingAlong, documents: DocumentStore, host: EngineHost,
+                 settings: Callable[[], Settings], quiet_s: float = QUIET_S) -> None:
+        self.typing_along = typing_along  # the requests idle work computes ahead, and its prediction
+        self.documents = documents
+        self.host = host
         self.settings = settings
         self.quiet_s = quiet_s
         self._timer: asyncio.Handle | None = None
@@ -65,7 +69,7 @@ class IdleWork:
     def cursor_rested(self, doc: OpenDocument, offset: int) -> None:
         """The editor's cursor rests at `offset` (draftwise/cursor): start the suggestion there, as after
         an edit (or only read its prompt, where the editor would not ask there)."""
-        if self._wanted(doc) and not self.predictor.covers(doc, offset):
+        if self._wanted(doc) and not self.typing_along.prediction_covers(doc, offset):
             self._ahead(doc, offset, generate=True)
 
     def engine_ready(self) -> None:
@@ -75,7 +79,7 @@ class IdleWork:
             return
         doc, offset, generate, version = waiting
         # still open and still wanted (settings may have turned idle work off while the model loaded)
-        if self.completions.documents.get(doc.uri) is not doc or not self._wanted(doc):
+        if self.documents.is_stale(doc, doc.version) or not self._wanted(doc):
             return
         if doc.version == version:
             self._ahead(doc, offset, generate)
@@ -96,9 +100,9 @@ class IdleWork:
             return  # read (or started) there already, and nothing changed since
         self._read[doc.uri] = (doc.version, offset, generate)
         try:
-            request, worth_generating = self.completions.idle_request(doc, offset)
+            request, worth_generating = self.typing_along.idle_request(doc, offset)
             if generate and worth_generating:
-                self.predictor.start(doc, doc.version, request, self._prediction_ended)
+                self.typing_along.start_prediction(doc, doc.version, request, self._prediction_ended)
             else:
                 self.host.prepare(request)
             self.counts["cursorHints" if generate else "opened"] += 1
@@ -120,15 +124,15 @@ class IdleWork:
             self._timer = None
         settings = self.settings()
         if not settings.idle_work or doc.edit_end is None or not settings.serves_language(doc.language_id):
-            self.predictor.stop()
+            self.typing_along.stop_prediction()
             return None
         if not self.host.ready:  # the latest edit is where the user will ask first: started once loaded
             self._waiting = (doc, doc.edit_end, True, doc.version)
             return None
-        running_along = self.predictor.follow_typing(doc, doc.edit_end)
+        running_along = self.typing_along.follow_typing(doc, doc.edit_end)
         if running_along is not None:
             return running_along
-        self.predictor.stop()  # the typing left it (a finished one stays to answer from)
+        self.typing_along.stop_prediction()  # the typing left it (a finished one stays to answer from)
         self._timer = asyncio.get_running_loop().call_later(self.quiet_s, self._start, doc, doc.version)
         return None
 
@@ -137,29 +141,26 @@ class IdleWork:
         if doc.version != version or doc.edit_end is None or not self.host.ready:
             return  # edited again (a newer timer runs), or no engine yet
         try:
-            if self.predictor.extend(doc, doc.edit_end):
-                return  # the user typed along the prediction to within a line of its end
-            request, generate = self.completions.idle_request(doc, doc.edit_end)
-            if generate:
-                self.predictor.start(doc, version, request, self._prediction_ended)
-            else:
-                self.host.prepare(request)
+            read_ahead = self.typing_along.predict_at(doc, doc.edit_end, self._prediction_ended)
+            if read_ahead is not None:  # nothing worth computing there: its prompt only
+                self.host.prepare(read_ahead)
         except Exception:  # idle work must never disturb the server
             log.debug("idle work failed for %s", doc.uri, exc_info=True)
 
-    def _prediction_ended(self, prediction) -> None:
+    def _prediction_ended(self, prediction: Prediction) -> None:
         """The user typed on along a prediction while it ran: now idle work moves to where they are
         (its next link, or a prompt read ahead, where the prediction still covers the cursor; else a
         new prediction)."""
         doc = prediction.doc
         if prediction.job.cancel_token.cancelled and not prediction.job.diverged:
             return  # stopped by an edit (which started idle work of its own) or by a request
-        if (self._timer is None and doc.version != prediction.version and self.predictor.latest is prediction
-                and self.completions.documents.get(doc.uri) is doc and self.settings().idle_work):
+        edited_since = doc.version != prediction.version and not self.documents.is_stale(doc, doc.version)
+        if (self._timer is None and edited_since and self.typing_along.is_latest_prediction(prediction)
+                and self.settings().idle_work):
             self._timer = asyncio.get_running_loop().call_soon(self._start, doc, doc.version)
 
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.predictor.stop()
+        self.typing_along.stop_prediction()

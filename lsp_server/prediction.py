@@ -18,7 +18,8 @@ from decoding.agreement import agrees, remains, typed_since
 from lsp_server.config import Settings
 from lsp_server.cursor import Cursor, cursor_line, line_break_of
 from lsp_server.documents import DocumentStore, OpenDocument
-from lsp_server.postprocess import IndentStyle, shape
+from lsp_server.postprocess import shape
+from lsp_server.request_path import RequestPath
 from lsp_server.suggestions import SUPERSEDED, Superseded
 
 log = logging.getLogger(__name__)
@@ -130,23 +131,18 @@ class Predictor:
     """Owns idle work's latest prediction: starts it, adds each link as it finishes and starts the next
     while the user types along it, answers a request from it, and stops it."""
 
-    def __init__(self, documents: DocumentStore, settings: Callable[[], Settings],
-                 request_at: Callable[[OpenDocument, str, str], CompletionRequest],
-                 submit_idle: Callable[[CompletionRequest, int], Job | None],
-                 indent: Callable[[OpenDocument], IndentStyle]) -> None:
+    def __init__(self, documents: DocumentStore, settings: Callable[[], Settings], requests: RequestPath) -> None:
         self.documents = documents
         self.settings = settings
-        self.request_at = request_at  # the request the editor would send with the cursor at prefix|suffix
-        self.submit_idle = submit_idle  # submits a request for a document version as idle work (None: refused)
-        self.indent = indent
+        self.requests = requests  # each link's request and idle job, and the indentation it is shaped to
         self.latest: Prediction | None = None  # idle work's latest suggestion
 
     def start(self, doc: OpenDocument, version: int, request: CompletionRequest,
               ended: Callable[[Prediction], None]) -> Prediction | None:
-        """Start idle work's suggestion for `request` (Completions.idle_request); `ended` is called each
+        """Start idle work's suggestion for `request` (TypingAlong.idle_request); `ended` is called each
         time its task is over (finished, stopped, or waiting for the user to come within LINKS_AHEAD
         links of its end: extend)."""
-        job = self.submit_idle(request, version)
+        job = self.requests.submit(request, version, idle=True)
         if job is None:
             return None
         self.latest = prediction = Prediction(doc, version, request.prefix, request.suffix, job, ended)
@@ -247,7 +243,7 @@ class Predictor:
             return False
         start = p.prefix + p.text + p.lead
         line_before, line_after = cursor_line(start, p.suffix)
-        edit = shape(result.text, line_before, line_after, self.indent(p.doc))
+        edit = shape(result.text, line_before, line_after, self.requests.indent(p.doc))
         text = edit.text if edit is not None else ""
         next_lead = None  # only a link that leaves the rest of the line as it is can be taken as typed
         if edit is None or edit.replace == 0:
@@ -269,7 +265,8 @@ class Predictor:
         doc, lead = p.doc, p.next_lead
         if self.documents.is_stale(doc, doc.version) or not self.settings().idle_work or not agrees(p.text + lead, typed):
             return False
-        job = self.submit_idle(self.request_at(doc, p.prefix + p.text + lead, p.suffix), doc.version)
+        request = self.requests.request_at(doc, p.prefix + p.text + lead, p.suffix)
+        job = self.requests.submit(request, doc.version, idle=True)
         if job is None:
             return False
         job.expect(typed[len(p.text) + len(lead):])  # typed past the finished links already
@@ -279,7 +276,7 @@ class Predictor:
     def _typed_now(self, p: Prediction) -> str | None:
         """What the user has typed along the prediction so far (None: they left it, or it is gone)."""
         doc = p.doc
-        if self.latest is not p or self.documents.get(doc.uri) is not doc:
+        if self.latest is not p or self.documents.is_stale(doc, doc.version):  # closed (or opened anew)
             return None
         if doc.version == p.version:
             return ""

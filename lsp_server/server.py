@@ -60,7 +60,8 @@ class DraftwiseServer(LanguageServer):
         self.repository = RepositoryService()
         self.completions = Completions(self.documents, self.engine_host, lambda: self.settings,
                                        self.workspace_folders, self.repository)
-        self.idle_work = IdleWork(self.completions, self.engine_host, lambda: self.settings)
+        self.idle_work = IdleWork(self.completions.typing_along, self.documents, self.engine_host,
+                                  lambda: self.settings)
         self.client_has_inline_completion = False
         self.client_reads_markdown_docs = False
         self._pending_problems: list[str] = []

@@ -11,8 +11,6 @@ from typing import Sequence
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 
-from lsp_server.typeahead import TypeAheadMemory
-
 ACCEPTED_COMMAND = "draftwise.accepted"
 PARTIALLY_ACCEPTED_COMMAND = "draftwise.partiallyAccepted"
 PARTIAL_KINDS = ("word", "line", "other")
@@ -77,11 +75,11 @@ class SuggestionCounts:
 
 class SentItems:
     """The items sent to the editor, by id, until the client reports the user took (part of) one:
-    counted, and what they took becomes what type-ahead and the suggestion drafter build on."""
+    counted, and what they took is handed back (TypingAlong.taken: what type-ahead and the suggestion
+    drafter build on)."""
 
-    def __init__(self, counts: SuggestionCounts, typeahead: TypeAheadMemory) -> None:
+    def __init__(self, counts: SuggestionCounts) -> None:
         self.counts = counts
-        self.typeahead = typeahead
         self._ids = itertools.count(1)
         self._items: OrderedDict[str, ItemRecord] = OrderedDict()
 
@@ -97,22 +95,25 @@ class SentItems:
             self._items.popitem(last=False)
         return suggestion
 
-    def accepted(self, arguments: Sequence[object]) -> None:
+    def accepted(self, arguments: Sequence[object]) -> ItemRecord | None:
+        """Counted; the item taken, where it was an alternative (type-ahead remembered the greedy one
+        when it was shown), else None."""
         info = _command_argument(arguments, ACCEPTED_COMMAND)
         self.counts.accepted += 1
         length = info.get("length")
         if isinstance(length, int) and not isinstance(length, bool) and length >= 0:
             self.counts.accepted_chars += length
         record = self._items.pop(info["id"], None)
-        if record is not None and record.alternative:
-            self.counts.alternatives_accepted += 1
-            # What the user took is what they build on: the suggestion drafter drafts along it.
-            self.typeahead.remember(record.uri, record.prefix, record.suffix, record.text)
+        if record is None or not record.alternative:
+            return None
+        self.counts.alternatives_accepted += 1
+        return record  # what the user took is what they build on: the suggestion drafter drafts along it
 
-    def partially_accepted(self, arguments: Sequence[object]) -> None:
+    def partially_accepted(self, arguments: Sequence[object]) -> ItemRecord | None:
         """The user took the first `acceptedLength` characters of an item (a word, a line). The rest
-        is what they are likely to type next: it becomes the type-ahead answer for the next keystroke
-        and the suggestion drafter's draft, even when the item was an alternative."""
+        is what they are likely to type next: the item is handed back, to become the type-ahead answer
+        for the next keystroke and the suggestion drafter's draft, even when it was an alternative
+        (None: an item no longer known)."""
         info = _command_argument(arguments, PARTIALLY_ACCEPTED_COMMAND)
         length = info.get("acceptedLength")
         if not isinstance(length, int) or isinstance(length, bool) or length < 0:
@@ -130,10 +131,10 @@ class SentItems:
         self.counts.accepted_chars += length
         self.counts.partial_by_kind[kind] = self.counts.partial_by_kind.get(kind, 0) + 1
         if record is None:
-            return  # an item from before a restart, or long gone: counted, nothing to remember
+            return None  # an item from before a restart, or long gone: counted, nothing to remember
         if record.alternative:
             self.counts.alternatives_accepted += 1
-        self.typeahead.remember(record.uri, record.prefix, record.suffix, record.text)
+        return record
 
 
 def _command_argument(arguments: Sequence[object], command: str) -> dict:

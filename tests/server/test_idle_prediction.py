@@ -1,6 +1,7 @@
 """Idle work's prediction driven directly (lsp_server.prediction.Predictor), without a server: the
-engine is a list of idle jobs the test finishes by hand, and the user's typing is didChange edits
-to a DocumentStore, each followed by what IdleWork.document_changed does (follow_typing)."""
+engine is a list of idle jobs the test finishes by hand (the Session stands in for the request path,
+lsp_server.request_path.RequestPath), and the user's typing is didChange edits to a DocumentStore,
+each followed by what IdleWork.document_changed does (follow_typing)."""
 from __future__ import annotations
 
 import asyncio
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.asyncio
 
 
 class Session:
-    """A document, the predictor, and the idle jobs it submitted (in order)."""
+    """A document, the predictor, and the idle jobs it submitted (in order): the request path the
+    predictor asks for requests, jobs and the indentation."""
 
     def __init__(self) -> None:
         self.documents = DocumentStore()
@@ -35,17 +37,21 @@ class Session:
         self.settings = Settings()
         self.jobs: list[Job] = []
         self.ended = 0
-        self.predictor = Predictor(self.documents, lambda: self.settings, request_at=self.request_at,
-                                   submit_idle=self.submit_idle, indent=lambda doc: IndentStyle())
+        self.predictor = Predictor(self.documents, lambda: self.settings, requests=self)
 
     @staticmethod
     def request_at(doc, prefix: str, suffix: str) -> CompletionRequest:
         return CompletionRequest(prefix=prefix, suffix=suffix, document=doc.uri)
 
-    def submit_idle(self, request: CompletionRequest, version: int) -> Job:
+    def submit(self, request: CompletionRequest, version: int, idle: bool = False) -> Job:
+        assert idle, "the prediction's jobs are idle work"
         job = Job(request, version=version, idle=True)
         self.jobs.append(job)
         return job
+
+    @staticmethod
+    def indent(doc) -> IndentStyle:
+        return IndentStyle()
 
     def start(self):
         offset = len(BEFORE)

@@ -1,6 +1,6 @@
 """A read-ahead asked while the engine loads waits for it (lsp_server/idle_work.py): once it is ready the
 latest one runs, unless the document changed, closed or is no longer wanted meanwhile. The engine and
-the completions are stand-ins that record what idle work asks of them: this is the bookkeeping alone
+typing along are stand-ins that record what idle work asks of them: this is the bookkeeping alone
 (tests/server/test_server_read_ahead.py runs the real server)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from lsp_server.config import Settings
-from lsp_server.documents import OpenDocument
+from lsp_server.documents import DocumentStore, OpenDocument
 from lsp_server.idle_work import IdleWork
 
 
@@ -21,19 +21,18 @@ class Host:
 
 
 def idle_work(settings: Settings):
-    documents: dict[str, OpenDocument] = {}
-    predictor = SimpleNamespace(covers=lambda doc, offset: False, extend=lambda doc, offset: False)
-    completions = SimpleNamespace(documents=documents, typing_along=SimpleNamespace(predictor=predictor),
-                                  idle_request=lambda doc, offset: ((doc.uri, doc.version, offset), False))
+    documents = DocumentStore()
+    # Typing along would compute nothing ahead: each request stands for its prompt, read ahead.
+    typing_along = SimpleNamespace(prediction_covers=lambda doc, offset: False,
+                                   idle_request=lambda doc, offset: ((doc.uri, doc.version, offset), False),
+                                   predict_at=lambda doc, offset, ended: (doc.uri, doc.version, offset))
     host = Host()
     holder = {"settings": settings}
-    return IdleWork(completions, host, lambda: holder["settings"]), documents, host, holder
+    return IdleWork(typing_along, documents, host, lambda: holder["settings"]), documents, host, holder
 
 
-def opened(documents, uri="file:///a.py", text="def f():\n    return 1\n") -> OpenDocument:
-    doc = OpenDocument(uri=uri, language_id="python", version=1, text=text)
-    documents[uri] = doc
-    return doc
+def opened(documents: DocumentStore, uri="file:///a.py", text="def f():\n    return 1\n") -> OpenDocument:
+    return documents.open(uri, "python", 1, text)
 
 
 def test_the_read_ahead_asked_while_loading_runs_once_the_engine_is_ready():
@@ -68,7 +67,7 @@ def test_a_document_closed_or_no_longer_wanted_while_loading_is_not_read_ahead()
     holder["settings"] = Settings()
     host.ready = False
     work.document_opened(doc)
-    documents[doc.uri] = opened({}, doc.uri)  # closed and opened again: another document now
+    opened(documents, doc.uri)  # closed and opened again: another document now
     host.ready = True
     work.engine_ready()
     assert host.prepared == []
