@@ -1,7 +1,8 @@
 """`--weights auto`: the fastest format whose quality passes the gate, measured on this device.
 
-CUDA gets bf16. On a CPU every eligible format is loaded once and timed on the requests users wait
-for (WORKLOADS below: mostly requests while typing, some cold); the timings are kept in
+CUDA gets bf16. On a CPU every eligible format is timed on the requests users wait for (WORKLOADS
+below: mostly requests while typing, some cold), a quantized one on a stand-in with the model's shapes
+and zeros for weights, so only the winner is quantized; the timings are kept in
 $DRAFTWISE_HOME, keyed by model, CPU, torch version, thread count and the code that runs and times
 each format, so later starts only load the winner. Two starts of one model together time it once: the
 second waits for the first's timings. A format whose kernel is missing or fails gives one log line
@@ -148,7 +149,9 @@ class TimingCache:
 
 @functools.lru_cache(maxsize=1)
 def timing_code(timed_by: Callable = time_format) -> str:
-    return cache_files.code_hash(timed_by, extra=f"verify {REFERENCE['verify_tokens']}")
+    from decoding.models.checkpoint import timing_stand_in
+
+    return cache_files.code_hash(timed_by, timing_stand_in, extra=f"verify {REFERENCE['verify_tokens']}")
 
 
 Loader = Callable[[str], object]  # format -> LoadedModel
@@ -213,16 +216,19 @@ def _gated(gate: Callable[[str], tuple[list[str], str]], key: str, not_eligible:
 
 
 def _time_formats(formats: list[str], load: Loader, cache: TimingCache, key: str, timings: dict[str, FormatTiming],
-                  not_eligible: dict[str, str]):
-    """Load and time each format, keeping each timing as it comes; returns the last one loaded (None
-    when none loaded)."""
+                  not_eligible: dict[str, str], stand_in: Loader = lambda fmt: None):
+    """Time each format, on its stand-in where it has one (checkpoint.timing_stand_in: the real shapes,
+    zeros for weights), else on the real model; keep each timing as it comes. Returns the last real
+    model loaded (None when none was)."""
     loaded = None
     for fmt in formats:
         loaded = None
         gc.collect()
         try:
-            loaded = load(fmt)
-            timings[fmt] = time_format(loaded)
+            timed = stand_in(fmt)
+            loaded = load(fmt) if timed is None else None
+            timings[fmt] = time_format(timed or loaded)
+            timed = None
         except DraftwiseError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken kernel costs this format, not the load
@@ -235,7 +241,8 @@ def _time_formats(formats: list[str], load: Loader, cache: TimingCache, key: str
 
 
 def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | None = None,
-                    gate: Callable[[str], tuple[list[str], str]] = quality_gate.eligible_formats):
+                    gate: Callable[[str], tuple[list[str], str]] = quality_gate.eligible_formats,
+                    stand_in: Loader = lambda fmt: None):
     """Load the model in the format `auto` picks. Returns (LoadedModel, WeightsChoice)."""
     if device.type == "cuda":
         return load("bf16"), WeightsChoice("bf16", "CUDA: bf16, the GPU's native format")
@@ -261,7 +268,7 @@ def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | 
             missing = sorted(set(candidates) - set(timings), key=TIMING_ORDER.index)
             if missing:
                 log.info("measuring weight format timings for %s | %s: %s", key, where, ", ".join(missing))
-            loaded = _time_formats(missing, load, cache, f"{key} | {where}", timings, not_eligible)
+            loaded = _time_formats(missing, load, cache, f"{key} | {where}", timings, not_eligible, stand_in)
     if not timings:
         raise DraftwiseError(f"no weight format could be timed for {key}: {not_eligible}")
     fastest = min(timings, key=lambda f: timings[f].reference_s)
@@ -286,7 +293,7 @@ def load_weights(spec_text: str, requested: str, device: str, dtype: str, trust_
     """Load a model in the requested weight format, `auto` included. Returns (LoadedModel, WeightsChoice)."""
     from decoding.api import WEIGHT_FORMATS
     from decoding.errors import ModelSpecError
-    from decoding.models.checkpoint import load_model, model_source, resolve_device
+    from decoding.models.checkpoint import load_model, model_source, resolve_device, timing_stand_in
     from decoding.models.specs import parse_model_spec
 
     if requested not in WEIGHT_FORMATS:
@@ -307,4 +314,4 @@ def load_weights(spec_text: str, requested: str, device: str, dtype: str, trust_
             raise ModelSpecError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
         return load(fmt), WeightsChoice(fmt, f"{fmt}, from --dtype {dtype}")
     dev, _ = resolve_device(device, dtype)
-    return choose_and_load(spec, dev, role, load)
+    return choose_and_load(spec, dev, role, load, stand_in=lambda fmt: timing_stand_in(spec_text, fmt, dev, trust_remote_code))

@@ -428,3 +428,24 @@ def test_packing_lays_out_each_groups_fitted_grid_and_codes():
     assert torch.equal(scales, per_block(scale)) and torch.equal(lows, per_block(low))
     assert torch.equal(integer_linear.unpack(packed, scales, lows),
                        (codes.float() * scale[:, None] + low[:, None]).reshape(n, k))
+
+
+def test_a_first_start_times_quantized_formats_on_stand_ins_and_quantizes_only_the_winner(tiny_model_dir, tmp_path,
+                                                                                       monkeypatch):
+    """A quantized format is timed on a stand-in of the model's shapes with zeros for weights (no
+    checkpoint read, no quantizing); the checkpoint is quantized once, in the format that serves."""
+    from decoding.models import checkpoint
+    from decoding.setup import weight_choice
+
+    monkeypatch.setenv("DRAFTWISE_HOME", str(tmp_path))
+    quantized, timed = [], []
+    real_quantized, real_time = checkpoint._quantized, weight_choice.time_format
+    monkeypatch.setattr(checkpoint, "_quantized", lambda model, fmt, *a, **k: quantized.append(fmt) or real_quantized(model, fmt, *a, **k))
+    monkeypatch.setattr(weight_choice, "time_format",
+                        lambda loaded: timed.append((loaded.weights, loaded.tokenizer is None)) or real_time(loaded))
+    loaded, choice = weight_choice.load_weights(str(tiny_model_dir), "auto", "cpu", "auto", False, "target")
+    stand_ins = [fmt for fmt, stand_in in timed if stand_in]
+    assert {"int8", "int4"} & set(choice.timings) and set(stand_ins) == {"int8", "int4"} & set(choice.timings)
+    assert all(not stand_in for fmt, stand_in in timed if fmt not in ("int8", "int4"))  # floats: the real model
+    assert quantized == ([choice.format] if choice.format in ("int8", "int4") else [])
+    assert loaded.weights == choice.format and loaded.tokenizer is not None
