@@ -171,6 +171,13 @@ class LineLexer:
         return region is not None and self.facts.regions[region].comment
 
 
-@functools.lru_cache(maxsize=None)
+_LEXERS: dict[int, tuple[LanguageFacts, LineLexer]] = {}
+
+
 def _lexer_for(facts: LanguageFacts) -> LineLexer:
-    return LineLexer(facts)
+    """Keyed by the facts' identity, which the entry keeps alive: hashing a frozen LanguageFacts
+    hashes every field, on every line of a request's plan."""
+    kept = _LEXERS.get(id(facts))
+    if kept is None or kept[0] is not facts:
+        kept = _LEXERS[id(facts)] = (facts, LineLexer(facts))
+    return kept[1]

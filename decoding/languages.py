@@ -11,7 +11,7 @@ without parsing code that is, by nature, incomplete.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 BRACE = "brace"  # `{ ... }` (indentation is conventional, not syntax)
 INDENT = "indent"  # the body is whatever is indented deeper (Python, YAML)
@@ -51,19 +51,16 @@ class LanguageFacts:
     column0_exempt_prefixes: tuple[str, ...] = ()
     # Shell/YAML `#` starts a comment only at the start of a word (`$#`, `a#b` are not comments).
     comment_needs_space: bool = False
+    # Derived once, as fields rather than properties: the stop rules and code_lines read them for
+    # every line of a request's plan, and a plain field is a read, not a call into this table.
+    line_comment: str = field(init=False)  # the usual line comment prefix ("" when there is none)
+    brace_delimited: bool = field(init=False)
+    indentation_delimited: bool = field(init=False)
 
-    @property
-    def line_comment(self) -> str:
-        """The usual line comment prefix ("" when the language has none)."""
-        return self.line_comments[0] if self.line_comments else ""
-
-    @property
-    def brace_delimited(self) -> bool:
-        return self.blocks == BRACE
-
-    @property
-    def indentation_delimited(self) -> bool:
-        return self.blocks == INDENT
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "line_comment", self.line_comments[0] if self.line_comments else "")
+        object.__setattr__(self, "brace_delimited", self.blocks == BRACE)
+        object.__setattr__(self, "indentation_delimited", self.blocks == INDENT)
 
 
 _C_COMMENT = Region("/*", "*/", comment=True)

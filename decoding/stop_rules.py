@@ -492,9 +492,8 @@ def completion_rules(prefix: str, suffix: str, language: str, path: str, request
                      ) -> tuple[Callable[[str], int | None], Callable[[str], int | None]]:
     """A request's text rule (checked as text arrives) and final rule (where to end it when the model
     stops on its own). Scope `full` has none: the model's raw output, as benchmarks compare it."""
-    language = language or language_from_path(path)
-    scope = resolve_scope(prefix, suffix, language, requested_scope)
-    if scope == "full":
+    # the cursor's context is read once, in for_request, which resolves an `auto` scope from it
+    rules = StopRules.for_request(prefix, suffix, language or language_from_path(path), requested_scope)
+    if rules.scope == "full":
         return _never, _never
-    rules = StopRules.for_request(prefix, suffix, language, scope)
     return rules.check, rules.finish
