@@ -13,6 +13,9 @@
 // No torch here: ops.h registers it as torch's op, tests/kernels/grid_fit_test.cpp pins its bits on
 // every build (x86's, aarch64's under qemu) without torch.
 #pragma once
+#if defined(__FAST_MATH__)
+#error "grid_fit.h needs IEEE arithmetic: -ffast-math folds round_even away and reorders the sums"
+#endif
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>

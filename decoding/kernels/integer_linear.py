@@ -151,8 +151,10 @@ def _cached_pack(weight: torch.Tensor, group: int, keep: bool = True):
         return pack(w, group), None
     # sha256 over the tensor's own memory: the CPU's SHA instructions and no copy (blake2b over a copy
     # took ~10 s of the 1.5B's first start, this ~3.5 s)
-    digest = hashlib.sha256(memoryview(w.numpy()).cast("B")).hexdigest()[:32]
-    where = paths.draftwise_home() / "packed" / f"{digest}-g{group}-{pack_code()}.safetensors"
+    digest = hashlib.sha256(f"{n}x{k}".encode())
+    if w.numel():
+        digest.update(memoryview(w.numpy()).cast("B"))
+    where = paths.draftwise_home() / "packed" / f"{digest.hexdigest()[:32]}-g{group}-{pack_code()}.safetensors"
     shapes = {"packed": ((n // BLOCK, k // 8, 64), torch.uint8), "scales": ((n // BLOCK, k // group, BLOCK), torch.float16),
               "lows": ((n // BLOCK, k // group, BLOCK), torch.float16)}
     if (kept := _read_packed(where, shapes)) is not None:

@@ -54,7 +54,8 @@ def int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 torch.empty(weight.shape[0], device="meta"))
     w = weight.detach().float()
     n = w.shape[0]
-    codes, scale = torch.empty(w.shape, dtype=torch.int8, device=w.device), torch.empty(n, device=w.device)
+    codes = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scale = torch.empty(n, dtype=torch.float32, device=w.device)
     # A few hundred rows at a time, so each op's temporaries stay in cache instead of a fresh 6 GB
     # buffer per op for a 1.5B model (14 s of its first start, now ~3 s); the ops are per element
     # or per row, so the bits are those of one call over the whole weight.
@@ -236,7 +237,7 @@ def kernel(fmt: str) -> str:
 FORWARD_CODE = ("weights.py", "static_decoder.py", "quantized_store.py", "../runners/static.py",
                 "../runners/exactness.py", *(f"../kernels/{name}" for name in (
                     "integer_linear.py", "avx512vnni.cpp", "avx2.cpp", "neon.cpp", "neon_core.h", "ops.h",
-                    "row_ops.py", "row_ops.cpp", "build.py")))
+                    "grid_fit.h", "parallel.h", "row_ops_core.h", "row_ops.py", "row_ops.cpp", "build.py")))
 
 
 @functools.lru_cache(maxsize=1)

@@ -222,22 +222,33 @@ def _time_formats(formats: list[str], load: Loader, cache: TimingCache, key: str
     model loaded (None when none was)."""
     loaded = None
     for fmt in formats:
-        loaded = None
+        loaded = timed = None
         gc.collect()
         try:
-            timed = stand_in(fmt)
+            timed = _stand_in_or_none(stand_in, fmt)
             loaded = load(fmt) if timed is None else None
             timings[fmt] = time_format(timed or loaded)
-            timed = None
         except DraftwiseError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken kernel costs this format, not the load
             log.warning("weights %s skipped: timing failed: %s: %s", fmt, type(exc).__name__, exc)
             not_eligible[fmt] = f"failed when timed: {type(exc).__name__}"
             continue
+        finally:
+            timed = None  # a stand-in is gone before the next format's is built
         cache.put(key, fmt, timings[fmt])
         log.info("weights %s on %s: %s", fmt, key.rsplit(" | ", 1)[-1], timings[fmt])
     return loaded
+
+
+def _stand_in_or_none(stand_in: Loader, fmt: str):
+    """The format's stand-in, or None: none for it, or one that could not be built (then the real
+    model is loaded and timed, and says what is wrong with it)."""
+    try:
+        return stand_in(fmt)
+    except Exception as exc:  # noqa: BLE001 - the real load is the fallback
+        log.info("weights %s timed on the real model: no stand-in (%s: %s)", fmt, type(exc).__name__, exc)
+        return None
 
 
 def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | None = None,
@@ -271,17 +282,39 @@ def choose_and_load(spec, device, role: str, load: Loader, cache: TimingCache | 
             loaded = _time_formats(missing, load, cache, f"{key} | {where}", timings, not_eligible, stand_in)
     if not timings:
         raise DraftwiseError(f"no weight format could be timed for {key}: {not_eligible}")
-    fastest = min(timings, key=lambda f: timings[f].reference_s)
-    best = _pick(timings, fastest, quality_gate.first_line_exact(key) if role == "target" else {})
-    if loaded is None or loaded.weights != best:
-        loaded = None
-        gc.collect()
-        loaded = load(best)
+    loaded, best, fastest = _load_best(timings, loaded, load, quality_gate.first_line_exact(key) if role == "target" else {},
+                                       not_eligible)
     others = ", ".join(f"{f} {t.reference_s:.2f} s" for f, t in sorted(timings.items(), key=lambda x: x[1].reference_s))
     how = ("fastest of the eligible formats" if best == fastest else
            f"closest to fp32's quality of the eligible formats within {SAME_SPEED:.0%} of the fastest")
     reason = f"{how} on this CPU for the requests users wait for ({others}); {why}"
     return loaded, WeightsChoice(best, reason, timings, not_eligible)
+
+
+def _load_best(timings: dict[str, FormatTiming], loaded, load: Loader, quality: dict[str, float],
+               not_eligible: dict[str, str]):
+    """(the model, its format, the fastest format): the pick among the timed formats, loaded. A format
+    timed on its stand-in is first loaded for real here: one whose load fails (memory, say) costs this
+    start that format, with one log line, and the next pick is loaded; its timing stays kept, so a
+    later start tries it again."""
+    timings = dict(timings)
+    while True:
+        fastest = min(timings, key=lambda f: timings[f].reference_s)
+        best = _pick(timings, fastest, quality)
+        if loaded is not None and loaded.weights == best:
+            return loaded, best, fastest
+        loaded = None
+        gc.collect()
+        try:
+            return load(best), best, fastest
+        except DraftwiseError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the other formats may still load
+            log.warning("weights %s skipped: loading failed: %s: %s", best, type(exc).__name__, exc)
+            not_eligible[best] = f"failed to load: {type(exc).__name__}"
+            del timings[best]
+            if not timings:
+                raise DraftwiseError(f"no weight format could be loaded: {not_eligible}") from exc
 
 
 DTYPE_FORMATS = {"float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16",

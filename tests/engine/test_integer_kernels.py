@@ -334,9 +334,11 @@ def test_the_grid_fit_reaches_the_reference_fits_error():
 
 
 def grid_fit_inputs() -> torch.Tensor:
-    """tests/kernels/grid_fit_test.cpp's groups, number for number: 69 groups of 32 (a short last block
-    of 5), from noise, from Q4_K-like grids, and the edges: all zeros (a zero scale), all equal, values
-    whose grid is fp16-subnormal, values whose low overflows fp16."""
+    """tests/kernels/grid_fit_test.cpp's groups, number for number: 69 groups of 32 (a short block of 5
+    at their end), from noise, from Q4_K-like grids, and the edges: all zeros (a zero scale), all
+    equal, values whose grid is fp16-subnormal, values whose low overflows fp16; then 20,000 groups of
+    full-precision values, whose near-ties a fused multiply-add flips, and enough blocks of 16 for
+    every thread."""
     rng = Xorshift()
     noise = lambda n: torch.tensor(rng.uniform(-3000, 3000, n * 32), dtype=torch.float32).reshape(n, 32) / 65536  # noqa: E731
     first = noise(40)
@@ -348,12 +350,14 @@ def grid_fit_inputs() -> torch.Tensor:
     zeros, equal = torch.zeros(1, 32), torch.full((1, 32), 0.25)
     subnormal = torch.tensor(rng.uniform(-1000, 1000, 32), dtype=torch.float32).reshape(1, 32) / 16777216
     huge = torch.tensor(rng.uniform(-100000, 100000, 32), dtype=torch.float32).reshape(1, 32)
-    return torch.cat([first, torch.stack(grids), zeros, equal, subnormal, huge, noise(5)]).contiguous()
+    short = noise(5)
+    fine = torch.tensor(rng.uniform(-8388607, 8388607, 20_000 * 32), dtype=torch.float32).reshape(-1, 32) / 536870912
+    return torch.cat([first, torch.stack(grids), zeros, equal, subnormal, huge, short, fine]).contiguous()
 
 
 # fit_int4_grids' scales, lows and codes on grid_fit_inputs(), recorded on the AVX-512 VNNI build;
 # every other build (make test-isa, make test-toolchains; make test-arm: grid_fit_test.cpp) must give it.
-GRID_FIT_DIGEST = 0xE9AB33AD2C4534E8
+GRID_FIT_DIGEST = 0x76D2C79E4F794763
 
 
 def test_the_grid_fit_gives_the_same_bits_on_every_instruction_set_and_thread_count():
@@ -362,6 +366,7 @@ def test_the_grid_fit_gives_the_same_bits_on_every_instruction_set_and_thread_co
     digest = fnv1a(torch.cat([outputs[0], outputs[1], outputs[2].reshape(-1).float()]))
     assert digest == GRID_FIT_DIGEST, hex(digest)
     threads = torch.get_num_threads()
+    assert len(groups) > 16 * 16 * max(2, threads)  # blocks of 16 groups, 16 blocks a task: every thread gets some
     try:
         torch.set_num_threads(1)
         assert all(torch.equal(a, b) for a, b in zip(torch.ops.draftwise.fit_int4_grids(groups, integer_linear.REFITS), outputs))

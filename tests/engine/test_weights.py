@@ -2,6 +2,7 @@
 `--weights auto` picks the fastest eligible format from measurements it keeps."""
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -449,3 +450,26 @@ def test_a_first_start_times_quantized_formats_on_stand_ins_and_quantizes_only_t
     assert all(not stand_in for fmt, stand_in in timed if fmt not in ("int8", "int4"))  # floats: the real model
     assert quantized == ([choice.format] if choice.format in ("int8", "int4") else [])
     assert loaded.weights == choice.format and loaded.tokenizer is not None
+
+
+def test_a_winner_timed_on_its_stand_in_that_fails_to_load_gives_way_to_the_next(tmp_path, monkeypatch, caplog):
+    """The stand-in timed int4 fastest, but quantizing the real model fails (out of memory, say): the
+    start serves int8, with one log line, and keeps int4's timing for a later start to try again."""
+    spec = parse_model_spec("qwen2.5-coder-0.5b")
+    monkeypatch.setattr("decoding.setup.weight_choice.kernel_problem", lambda fmt, device, spec=None: None)
+    monkeypatch.setattr("decoding.setup.weight_choice.time_format",
+                        lambda loaded: fake_timings(int8=1.0, int4=0.5)[loaded.weights])
+
+    def load(fmt):
+        if fmt == "int4":
+            raise MemoryError("no room to quantize")
+        return FakeLoaded(fmt)
+
+    cache = TimingCache(tmp_path / "t.json")
+    with caplog.at_level(logging.WARNING):
+        loaded, choice = choose_and_load(spec, torch.device("cpu"), "target", load, cache,
+                                         lambda key: (["int8", "int4"], "gate"), stand_in=FakeLoaded)
+    assert (loaded.weights, choice.format) == ("int8", "int8")
+    assert choice.not_eligible["int4"] == "failed to load: MemoryError"
+    assert [r.message for r in caplog.records] == ["weights int4 skipped: loading failed: MemoryError: no room to quantize"]
+    assert set(cache.get(next(iter(json.loads((tmp_path / "t.json").read_text()))))) == {"int8", "int4"}

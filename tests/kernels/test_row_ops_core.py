@@ -6,6 +6,7 @@ build this CPU runs the same bits as its plain C++ build and the digests every b
 from __future__ import annotations
 
 import platform
+import shutil
 import subprocess
 import sysconfig
 from pathlib import Path
@@ -79,3 +80,17 @@ def test_the_grid_fit_gives_every_build_the_same_bits(name, flags, tmp_path):
     assert built.returncode == 0, built.stderr[-2000:]
     ran = subprocess.run([str(binary)], capture_output=True, text=True, timeout=600)
     assert ran.returncode == 0 and " 0 of " in ran.stdout.splitlines()[-1], ran.stdout[-2000:]
+
+
+@pytest.mark.skipif(not (X86 and {"avx2", "fma"} <= kernel_build.cpu_flags() and shutil.which("clang++")),
+                    reason="needs clang++ and an x86 CPU with FMA")
+def test_the_grid_fit_digest_fails_a_build_that_fuses_multiply_adds(tmp_path):
+    """The test above can fail: clang with -ffp-contract=fast fuses the fit's multiply-adds, and its
+    grids differ from the pinned ones (GCC's contracted builds happen to give these groups the same
+    bits; the kernels build with -ffp-contract=off either way)."""
+    binary = tmp_path / "grid_fit_fused"
+    built = subprocess.run(["clang++", "-O3", "-std=c++17", "-mavx2", "-mfma", "-ffp-contract=fast", f"-I{KERNELS}",
+                            str(GRID_FIT_TEST), "-o", str(binary)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    ran = subprocess.run([str(binary)], capture_output=True, text=True, timeout=600)
+    assert ran.returncode != 0 and "FAIL grid fit digest" in ran.stdout
