@@ -219,6 +219,32 @@ inline v8 key_sums8(const v8* b) {
          DRAFTWISE_SHUFFLE(vi8, e[0], e[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
+// Softmax's weights over one query's scores, in place: e^(s - max) for its keys, 0 for the lanes past
+// the last key up to the block of 16; and their sums in 16 lanes (as two 8-lane halves), key block
+// by key block from position 0.
+inline void softmax_weights8(float* s, int64_t keys, v8& total_lo, v8& total_hi) {
+  float max = s[0];
+  for (int64_t j = 1; j < keys; ++j) max = s[j] > max ? s[j] : max;
+  total_lo = v8{};
+  total_hi = v8{};
+  const int64_t padded = (keys + L - 1) / L * L;
+  for (int64_t j0 = 0; j0 < padded; j0 += L) {
+    v8 e_lo = exp_lanes<v8, vi8>(load8(s + j0) - max), e_hi = exp_lanes<v8, vi8>(load8(s + j0 + 8) - max);
+    if (j0 + L > keys) {  // lanes past the last key count nothing
+      alignas(32) float kept[L];
+      store8(kept, e_lo);
+      store8(kept + 8, e_hi);
+      for (int t = static_cast<int>(keys - j0); t < L; ++t) kept[t] = 0.0f;
+      e_lo = load8(kept);
+      e_hi = load8(kept + 8);
+    }
+    store8(s + j0, e_lo);
+    store8(s + j0 + 8, e_hi);
+    total_lo = total_lo + e_lo;
+    total_hi = total_hi + e_hi;
+  }
+}
+
 template <int D>
 void attend_one_8(const float* q, const float* k, const float* v, int64_t keys, float* out, std::vector<float>& buf) {
   const int64_t padded = (keys + L - 1) / L * L;
@@ -241,24 +267,8 @@ void attend_one_8(const float* q, const float* k, const float* v, int64_t keys, 
     }
     store8(s + j0, key_sums8(b));
   }
-  float max = s[0];
-  for (int64_t j = 1; j < keys; ++j) max = s[j] > max ? s[j] : max;
-  v8 total_lo = v8{}, total_hi = v8{};
-  for (int64_t j0 = 0; j0 < padded; j0 += L) {
-    v8 e_lo = exp_lanes<v8, vi8>(load8(s + j0) - max), e_hi = exp_lanes<v8, vi8>(load8(s + j0 + 8) - max);
-    if (j0 + L > keys) {  // lanes past the last key count nothing
-      alignas(32) float kept[L];
-      store8(kept, e_lo);
-      store8(kept + 8, e_hi);
-      for (int t = static_cast<int>(keys - j0); t < L; ++t) kept[t] = 0.0f;
-      e_lo = load8(kept);
-      e_hi = load8(kept + 8);
-    }
-    store8(s + j0, e_lo);
-    store8(s + j0 + 8, e_hi);
-    total_lo = total_lo + e_lo;
-    total_hi = total_hi + e_hi;
-  }
+  v8 total_lo, total_hi;
+  softmax_weights8(s, keys, total_lo, total_hi);
   v8 ol[D], oh[D];
   for (int x = 0; x < D; ++x) { ol[x] = v8{}; oh[x] = v8{}; }
   for (int64_t j = 0; j < keys; ++j) {
@@ -319,25 +329,9 @@ void attend_block_8(const float* const* qs, const int64_t* keys, int nq, const f
   float inv[64];
   for (int i = 0; i < nq; ++i) {  // attend_one_8's softmax, query by query
     float* si = s + i * padded;
-    const int64_t n = keys[i], own = (n + L - 1) / L * L;
-    float max = si[0];
-    for (int64_t j = 1; j < n; ++j) max = si[j] > max ? si[j] : max;
-    v8 total_lo = v8{}, total_hi = v8{};
-    for (int64_t j0 = 0; j0 < own; j0 += L) {
-      v8 e_lo = exp_lanes<v8, vi8>(load8(si + j0) - max), e_hi = exp_lanes<v8, vi8>(load8(si + j0 + 8) - max);
-      if (j0 + L > n) {
-        alignas(32) float kept[L];
-        store8(kept, e_lo);
-        store8(kept + 8, e_hi);
-        for (int t = static_cast<int>(n - j0); t < L; ++t) kept[t] = 0.0f;
-        e_lo = load8(kept);
-        e_hi = load8(kept + 8);
-      }
-      store8(si + j0, e_lo);
-      store8(si + j0 + 8, e_hi);
-      total_lo = total_lo + e_lo;
-      total_hi = total_hi + e_hi;
-    }
+    const int64_t n = keys[i];
+    v8 total_lo, total_hi;
+    softmax_weights8(si, n, total_lo, total_hi);
     store8(lanes, total_lo);
     store8(lanes + 8, total_hi);
     inv[i] = 1.0f / tree16(lanes);
@@ -370,6 +364,27 @@ void attend_block_8(const float* const* qs, const int64_t* keys, int nq, const f
   }
 }
 #else
+// Softmax's weights over one query's scores, in place: e^(s - max) for its keys, 0 for the lanes past
+// the last key up to the block of 16; and their sums in 16 lanes, key block by key block from 0.
+inline vf softmax_weights16(float* s, int64_t keys) {
+  float max = s[0];
+  for (int64_t j = 1; j < keys; ++j) max = s[j] > max ? s[j] : max;
+  vf total = splat(0.0f);
+  const int64_t padded = (keys + L - 1) / L * L;
+  for (int64_t j0 = 0; j0 < padded; j0 += L) {
+    vf e = exp_lanes<vf, vi>(load(s + j0) - max);
+    if (j0 + L > keys) {  // lanes past the last key count nothing
+      alignas(64) float kept[L];
+      store(kept, e);
+      for (int t = static_cast<int>(keys - j0); t < L; ++t) kept[t] = 0.0f;
+      e = load(kept);
+    }
+    store(s + j0, e);
+    total = total + e;
+  }
+  return total;
+}
+
 template <int D>
 void attend_one_16(const float* q, const float* k, const float* v, int64_t keys, float* out, std::vector<float>& buf) {
   const int64_t padded = (keys + L - 1) / L * L;
@@ -389,20 +404,7 @@ void attend_one_16(const float* q, const float* k, const float* v, int64_t keys,
     }
     store(s + j0, lane_sums(acc));
   }
-  float max = s[0];
-  for (int64_t j = 1; j < keys; ++j) max = s[j] > max ? s[j] : max;
-  vf total = splat(0.0f);
-  for (int64_t j0 = 0; j0 < padded; j0 += L) {
-    vf e = exp_lanes<vf, vi>(load(s + j0) - max);
-    if (j0 + L > keys) {  // lanes past the last key count nothing
-      alignas(64) float kept[L];
-      store(kept, e);
-      for (int t = static_cast<int>(keys - j0); t < L; ++t) kept[t] = 0.0f;
-      e = load(kept);
-    }
-    store(s + j0, e);
-    total = total + e;
-  }
+  const vf total = softmax_weights16(s, keys);
   vf o[D];
   for (int x = 0; x < D; ++x) o[x] = splat(0.0f);
   for (int64_t j = 0; j < keys; ++j) {
@@ -458,22 +460,7 @@ void attend_block_16(const float* const* qs, const int64_t* keys, int nq, const 
   float inv[64];
   for (int i = 0; i < nq; ++i) {  // attend_one_16's softmax, query by query
     float* si = s + i * padded;
-    const int64_t n = keys[i], own = (n + L - 1) / L * L;
-    float max = si[0];
-    for (int64_t j = 1; j < n; ++j) max = si[j] > max ? si[j] : max;
-    vf total = splat(0.0f);
-    for (int64_t j0 = 0; j0 < own; j0 += L) {
-      vf e = exp_lanes<vf, vi>(load(si + j0) - max);
-      if (j0 + L > n) {
-        alignas(64) float kept[L];
-        store(kept, e);
-        for (int t = static_cast<int>(n - j0); t < L; ++t) kept[t] = 0.0f;
-        e = load(kept);
-      }
-      store(si + j0, e);
-      total = total + e;
-    }
-    store(lanes, total);
+    store(lanes, softmax_weights16(si, keys[i]));
     inv[i] = 1.0f / tree16(lanes);
   }
   // the values, key by key from position 0 for each query (its fused multiply-adds in attend_one_16's
