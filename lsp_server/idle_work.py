@@ -138,8 +138,8 @@ class IdleWork:
 
     def _start(self, doc: OpenDocument, version: int) -> None:
         self._timer = None
-        if doc.version != version or doc.edit_end is None or not self.host.ready:
-            return  # edited again (a newer timer runs), or no engine yet
+        if self.documents.is_stale(doc, version) or doc.edit_end is None or not self.host.ready:
+            return  # edited again (a newer timer runs), closed, or no engine yet
         try:
             read_ahead = self.typing_along.predict_at(doc, doc.edit_end, self._prediction_ended)
             if read_ahead is not None:  # nothing worth computing there: its prompt only
