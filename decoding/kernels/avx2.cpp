@@ -16,7 +16,7 @@
 // then takes avx512vnni.cpp's operands: activations offset by 128 to unsigned bytes (no sign trick),
 // and 128 x each output's weight sum taken off the integer sum, so the same sums; a verify row costs
 // two instructions a step where the sign trick took five here. int4 multiplies codes by x as AVX2 does.
-#include "ops.h"  // the ops' checks and their registration
+#include "ops.h"  // the ops' checks, their drivers and their registration
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -52,13 +52,6 @@ void quantize_row(const float* r, int64_t k, int8_t* out, float* scale) {
   }
 }
 
-void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* xq, float* scales) {
-  draftwise::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m) quantize_row(x + m * k, k, xq + m * k, scales + m);
-  });
-}
-
-constexpr int ROWS = 4;  // rows sharing each weight load (2 accumulators a row: 8 of 16 registers)
 // Weights are read this many bytes ahead of their use. The hardware prefetcher alone kept one row of
 // the 0.5B's lm_head at ~11 GB/s on 2 threads, and a few rows (a verify forward) lost more to it; a
 // software prefetch ~4 KB ahead made both about 1.6x faster (a prefetch never changes a result).
@@ -75,184 +68,123 @@ inline __m256i add_dot4(__m256i acc, __m256i u8, __m256i s8, __m256i ones) {
 #endif
 }
 
-// One block of 16 int8 outputs for R rows: acc[2r], acc[2r+1] hold outputs 0-7 and 8-15. AVX2: xq
-// holds signed codes; AVX-VNNI: codes + 128 as bytes (q8_linear), so acc is the sum plus 128 x the
-// weights' sum.
-template <int R>
-inline void q8_block_rows(const int8_t* w, const int8_t* const* xq, int64_t k, __m256i* acc) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int r = 0; r < 2 * R; ++r) acc[r] = _mm256_setzero_si256();
-  for (int64_t s = 0; s < k / 4; ++s) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + s * 64 + PREFETCH), _MM_HINT_T0);
-    const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + s * 64));
-    const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + s * 64 + 32));
-    for (int r = 0; r < R; ++r) {
-      int32_t x4;
-      std::memcpy(&x4, xq[r] + s * 4, 4);
-      const __m256i xb = _mm256_set1_epi32(x4);
+// What ops.h's drivers run on AVX2 (and AVX-VNNI)
+struct Avx2 {
+  static constexpr int ROWS = 4;  // rows sharing each weight load (2 accumulators a row: 8 of 16 registers)
 #ifdef DRAFTWISE_AVXVNNI
-      (void)ones;
-      acc[2 * r] = _mm256_dpbusd_avx_epi32(acc[2 * r], xb, w0);
-      acc[2 * r + 1] = _mm256_dpbusd_avx_epi32(acc[2 * r + 1], xb, w1);
+  static constexpr bool Q8_OFFSET = true;
 #else
-      const __m256i xa = _mm256_abs_epi8(xb);
-      acc[2 * r] = add_dot4(acc[2 * r], xa, _mm256_sign_epi8(w0, xb), ones);
-      acc[2 * r + 1] = add_dot4(acc[2 * r + 1], xa, _mm256_sign_epi8(w1, xb), ones);
+  static constexpr bool Q8_OFFSET = false;  // signed activations need no offset correction here
 #endif
-    }
-  }
-}
 
-// One block of 16 int4 outputs for R rows (avx512vnni.cpp's block_rows): per group, codes x
-// activations in int32, then scale and low applied in floats in the VNNI kernel's order.
-template <int R>
-inline void q4_block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo, const int8_t* const* xq,
-                          const int32_t* const* gsum, const float* xs, int64_t k, int64_t group, float* const* out) {
-  const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 facc[2 * R];
-  for (int r = 0; r < 2 * R; ++r) facc[r] = _mm256_setzero_ps();
-  const int64_t groups = k / group, steps = group / 8;
-  for (int64_t g = 0; g < groups; ++g) {
+  static void q8_quantize_row(const float* r, int64_t k, int8_t* out, float* scale) {
+    quantize_row(r, k, out, scale);
+#ifdef DRAFTWISE_AVXVNNI
+    // code + 128 as an unsigned byte: for codes in -127..127 that is the code's bits with the top one
+    // flipped
+    uint8_t* codes = reinterpret_cast<uint8_t*>(out);
+    for (int64_t i = 0; i < k; ++i) codes[i] ^= 0x80;
+#endif
+  }
+
+  static void q4_quantize_row(const float* r, int64_t k, int8_t* out, float* scale) { quantize_row(r, k, out, scale); }
+
+  // One block of 16 int8 outputs for R rows: acc[2r], acc[2r+1] hold outputs 0-7 and 8-15. AVX2: xq
+  // holds signed codes; AVX-VNNI: codes + 128 as bytes (q8_quantize_row), so acc is the sum plus 128 x
+  // the weights' sum, taken off again before the epilogue.
+  template <int R>
+  static void q8_block_rows(const int8_t* w, const float* wscale, const int32_t* wsum, const int8_t* const* xq,
+                            const float* xs, int64_t k, float* const* out) {
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[2 * R];
     for (int r = 0; r < 2 * R; ++r) acc[r] = _mm256_setzero_si256();
-    for (int64_t s = 0; s < steps; ++s) {
-      const int64_t i = g * group + s * 8;
-      _mm_prefetch(reinterpret_cast<const char*>(w + i * 8 + PREFETCH), _MM_HINT_T0);
-      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * 8));
-      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * 8 + 32));
-      const __m256i low0 = _mm256_and_si256(v0, mask), high0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), mask);
-      const __m256i low1 = _mm256_and_si256(v1, mask), high1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), mask);
+    for (int64_t s = 0; s < k / 4; ++s) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + s * 64 + PREFETCH), _MM_HINT_T0);
+      const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + s * 64));
+      const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + s * 64 + 32));
       for (int r = 0; r < R; ++r) {
-        int32_t x0, x1;
-        std::memcpy(&x0, xq[r] + i, 4);
-        std::memcpy(&x1, xq[r] + i + 4, 4);
-        const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
-        acc[2 * r] = add_dot4(add_dot4(acc[2 * r], low0, b0, ones), high0, b1, ones);
-        acc[2 * r + 1] = add_dot4(add_dot4(acc[2 * r + 1], low1, b0, ones), high1, b1, ones);
+        int32_t x4;
+        std::memcpy(&x4, xq[r] + s * 4, 4);
+        const __m256i xb = _mm256_set1_epi32(x4);
+#ifdef DRAFTWISE_AVXVNNI
+        (void)ones;
+        acc[2 * r] = _mm256_dpbusd_avx_epi32(acc[2 * r], xb, w0);
+        acc[2 * r + 1] = _mm256_dpbusd_avx_epi32(acc[2 * r + 1], xb, w1);
+#else
+        const __m256i xa = _mm256_abs_epi8(xb);
+        acc[2 * r] = add_dot4(acc[2 * r], xa, _mm256_sign_epi8(w0, xb), ones);
+        acc[2 * r + 1] = add_dot4(acc[2 * r + 1], xa, _mm256_sign_epi8(w1, xb), ones);
+#endif
       }
     }
-    for (int half = 0; half < 2; ++half) {
-      const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + g * 16 + half * 8)));
-      const __m256 lows = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + g * 16 + half * 8)));
-      for (int r = 0; r < R; ++r) {
-        __m256& f = facc[2 * r + half];
-        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[2 * r + half]), scale, f);
-        f = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(gsum[r][g])), lows, f);
-      }
+    const __m256 ws0 = _mm256_loadu_ps(wscale), ws1 = _mm256_loadu_ps(wscale + 8);
+#ifdef DRAFTWISE_AVXVNNI
+    const __m256i off0 = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wsum)), 7);
+    const __m256i off1 = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wsum + 8)), 7);
+#else
+    (void)wsum;
+    const __m256i off0 = _mm256_setzero_si256(), off1 = off0;
+#endif
+    for (int r = 0; r < R; ++r) {
+      const __m256 xsc = _mm256_set1_ps(xs[r]);
+      const __m256i sum0 = _mm256_sub_epi32(acc[2 * r], off0), sum1 = _mm256_sub_epi32(acc[2 * r + 1], off1);
+      _mm256_storeu_ps(out[r], _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum0), xsc), ws0));
+      _mm256_storeu_ps(out[r] + 8, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum1), xsc), ws1));
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int half = 0; half < 2; ++half)
-      _mm256_storeu_ps(out[r] + half * 8, _mm256_mul_ps(facc[2 * r + half], _mm256_set1_ps(xs[r])));
-}
+
+  // One block of 16 int4 outputs for R rows (avx512vnni.cpp's q4_block_rows): per group, codes x
+  // activations in int32, then scale and low applied in floats in the VNNI kernel's order.
+  template <int R>
+  static void q4_block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo, const int8_t* const* xq,
+                            const int32_t* const* gsum, const float* xs, int64_t k, int64_t group, float* const* out) {
+    const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 facc[2 * R];
+    for (int r = 0; r < 2 * R; ++r) facc[r] = _mm256_setzero_ps();
+    const int64_t groups = k / group, steps = group / 8;
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256i acc[2 * R];
+      for (int r = 0; r < 2 * R; ++r) acc[r] = _mm256_setzero_si256();
+      for (int64_t s = 0; s < steps; ++s) {
+        const int64_t i = g * group + s * 8;
+        _mm_prefetch(reinterpret_cast<const char*>(w + i * 8 + PREFETCH), _MM_HINT_T0);
+        const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * 8));
+        const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + i * 8 + 32));
+        const __m256i low0 = _mm256_and_si256(v0, mask), high0 = _mm256_and_si256(_mm256_srli_epi16(v0, 4), mask);
+        const __m256i low1 = _mm256_and_si256(v1, mask), high1 = _mm256_and_si256(_mm256_srli_epi16(v1, 4), mask);
+        for (int r = 0; r < R; ++r) {
+          int32_t x0, x1;
+          std::memcpy(&x0, xq[r] + i, 4);
+          std::memcpy(&x1, xq[r] + i + 4, 4);
+          const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
+          acc[2 * r] = add_dot4(add_dot4(acc[2 * r], low0, b0, ones), high0, b1, ones);
+          acc[2 * r + 1] = add_dot4(add_dot4(acc[2 * r + 1], low1, b0, ones), high1, b1, ones);
+        }
+      }
+      for (int half = 0; half < 2; ++half) {
+        const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + g * 16 + half * 8)));
+        const __m256 lows = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo + g * 16 + half * 8)));
+        for (int r = 0; r < R; ++r) {
+          __m256& f = facc[2 * r + half];
+          f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[2 * r + half]), scale, f);
+          f = _mm256_fmadd_ps(_mm256_set1_ps(static_cast<float>(gsum[r][g])), lows, f);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int half = 0; half < 2; ++half)
+        _mm256_storeu_ps(out[r] + half * 8, _mm256_mul_ps(facc[2 * r + half], _mm256_set1_ps(xs[r])));
+  }
+};
 
 }  // namespace
 
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_sums,
                      const at::Tensor& scale) {
-  const auto xc = draftwise_ops::checked_q8(x, packed, scale);
-  const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0), n = blocks * 16;
-  auto out = at::empty({m, n}, xc.options());
-  auto xq = at::empty({m, k}, xc.options().dtype(at::kChar));
-  auto xs = at::empty({m}, xc.options());
-  quantize_rows(xc.data_ptr<float>(), m, k, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
-#ifdef DRAFTWISE_AVXVNNI
-  TORCH_CHECK(weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n && weight_sums.is_contiguous(),
-              "q8_linear: weight_sums must be int32 [N]");
-  const int32_t* ws = weight_sums.data_ptr<int32_t>();
-  // code + 128 as an unsigned byte: for codes in -127..127 that is the code's bits with the top one
-  // flipped
-  uint8_t* codes = reinterpret_cast<uint8_t*>(xq.data_ptr<int8_t>());
-  for (int64_t i = 0; i < m * k; ++i) codes[i] ^= 0x80;
-#else
-  (void)weight_sums;  // signed activations need no offset correction here
-#endif
-  const int8_t* w = packed.data_ptr<int8_t>();
-  const int8_t* q = xq.data_ptr<int8_t>();
-  const float* sp = xs.data_ptr<float>();
-  const float* sc = scale.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
-    __m256i acc[2 * ROWS];
-    for (int64_t b = begin; b < end; ++b) {
-      const int8_t* wb = w + b * k * 16;
-      const __m256 ws0 = _mm256_loadu_ps(sc + b * 16), ws1 = _mm256_loadu_ps(sc + b * 16 + 8);
-#ifdef DRAFTWISE_AVXVNNI
-      const __m256i off0 = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + b * 16)), 7);
-      const __m256i off1 = _mm256_slli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws + b * 16 + 8)), 7);
-#else
-      const __m256i off0 = _mm256_setzero_si256(), off1 = off0;
-#endif
-      for (int64_t r = 0; r < m; r += ROWS) {
-        const int take = static_cast<int>(std::min<int64_t>(ROWS, m - r));
-        const int8_t* xr[ROWS];
-        for (int j = 0; j < take; ++j) xr[j] = q + (r + j) * k;
-        switch (take) {
-          case 4: q8_block_rows<4>(wb, xr, k, acc); break;
-          case 3: q8_block_rows<3>(wb, xr, k, acc); break;
-          case 2: q8_block_rows<2>(wb, xr, k, acc); break;
-          default: q8_block_rows<1>(wb, xr, k, acc); break;
-        }
-        for (int j = 0; j < take; ++j) {
-          const __m256 xsc = _mm256_set1_ps(sp[r + j]);
-          float* row = o + (r + j) * n + b * 16;
-          const __m256i sum0 = _mm256_sub_epi32(acc[2 * j], off0), sum1 = _mm256_sub_epi32(acc[2 * j + 1], off1);
-          _mm256_storeu_ps(row, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum0), xsc), ws0));
-          _mm256_storeu_ps(row + 8, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum1), xsc), ws1));
-        }
-      }
-    }
-  });
-  return out;
+  return draftwise_ops::q8_linear_on<Avx2>(x, packed, weight_sums, scale);
 }
 
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                      const at::Tensor& lows, int64_t group) {
-  const auto xc = draftwise_ops::checked_q4(x, packed, scales, lows, group);
-  const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0);
-  auto out = at::empty({m, blocks * 16}, xc.options());
-  auto xq = at::empty({m, k}, xc.options().dtype(at::kChar));
-  auto xs = at::empty({m}, xc.options());
-  const int64_t groups = k / group;
-  auto gsum = at::empty({m, groups}, xc.options().dtype(at::kInt));
-  quantize_rows(xc.data_ptr<float>(), m, k, xq.data_ptr<int8_t>(), xs.data_ptr<float>());
-  const int8_t* q = xq.data_ptr<int8_t>();
-  int32_t* gs = gsum.data_ptr<int32_t>();
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t g = 0; g < groups; ++g) {
-      int32_t sum = 0;
-      for (int64_t j = 0; j < group; ++j) sum += q[r * k + g * group + j];
-      gs[r * groups + g] = sum;
-    }
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  const at::Half* sc = scales.data_ptr<at::Half>();
-  const at::Half* lo = lows.data_ptr<at::Half>();
-  const float* s = xs.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  const int64_t n = blocks * 16;
-  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const uint8_t* wb = w + b * k * 8;
-      const at::Half *scb = sc + b * groups * 16, *lob = lo + b * groups * 16;
-      for (int64_t r = 0; r < m;) {
-        const int8_t* xr[ROWS];
-        const int32_t* gr[ROWS];
-        float* orow[ROWS];
-        const int take = static_cast<int>(std::min<int64_t>(ROWS, m - r));
-        for (int j = 0; j < take; ++j) {
-          xr[j] = q + (r + j) * k;
-          gr[j] = gs + (r + j) * groups;
-          orow[j] = o + (r + j) * n + b * 16;
-        }
-        switch (take) {
-          case 4: q4_block_rows<4>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          case 3: q4_block_rows<3>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          case 2: q4_block_rows<2>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          default: q4_block_rows<1>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-        }
-        r += take;
-      }
-    }
-  });
-  return out;
+  return draftwise_ops::q4_linear_on<Avx2>(x, packed, scales, lows, group);
 }

@@ -14,7 +14,7 @@
 // of 8. For block b and step s, 64 bytes: lane j's 4 bytes hold the codes of output 16b+j at inputs
 // 8s..8s+3 (low nibbles) and 8s+4..8s+7 (high nibbles). Per block and group of `group` inputs: 16
 // fp16 scales and 16 fp16 lows; a weight is code * scale + low.
-#include "ops.h"  // the ops' checks and their registration
+#include "ops.h"  // the ops' checks, their drivers and their registration
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -56,63 +56,6 @@ void quantize_row_bytes(const float* r, int64_t k, int32_t offset, uint8_t* out,
   }
 }
 
-// The int4 kernel's rows: signed codes, and each group's sum of codes.
-void quantize_row(const float* r, int64_t k, int64_t group, int8_t* q, float* scale, int32_t* group_sums) {
-  quantize_row_bytes(r, k, 0, reinterpret_cast<uint8_t*>(q), scale);
-  for (int64_t g = 0; g < k / group; ++g) {
-    int32_t sum = 0;
-    for (int64_t j = 0; j < group; ++j) sum += q[g * group + j];
-    group_sums[g] = sum;
-  }
-}
-
-void quantize_rows(const float* x, int64_t rows, int64_t k, int64_t group, int8_t* xq, float* scales,
-                   int32_t* group_sums) {
-  // rows apart on threads: a prompt chunk's rows are many, a decode step's one
-  draftwise::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t m = begin; m < end; ++m)
-      quantize_row(x + m * k, k, group, xq + m * k, scales + m, group_sums + m * (k / group));
-  });
-}
-
-constexpr int ROWS = 8;  // rows sharing each unpacked load (8 accumulators and 8 sums: 16 of 32 registers)
-
-// One block of 16 outputs for R rows at once: each 64 bytes of codes is unpacked once for all R.
-// Every row's sums run in the same order whatever R is, so how rows are grouped changes nothing.
-template <int R>
-inline void block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo, const int8_t* const* xq,
-                       const int32_t* const* gsum, const float* xs, int64_t k, int64_t group, float* const* out) {
-  const __m512i mask = _mm512_set1_epi8(0x0F);
-  __m512 facc[R];
-  for (int r = 0; r < R; ++r) facc[r] = _mm512_setzero_ps();
-  const int64_t groups = k / group, steps = group / 8;
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
-    for (int64_t s = 0; s < steps; ++s) {
-      const int64_t i = g * group + s * 8;
-      _mm_prefetch(reinterpret_cast<const char*>(w + i * 8 + PREFETCH), _MM_HINT_T0);
-      const __m512i v = _mm512_loadu_si512(w + i * 8);  // 16 lanes x 8 codes
-      const __m512i low = _mm512_and_si512(v, mask);
-      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-      for (int r = 0; r < R; ++r) {
-        int32_t x0, x1;
-        std::memcpy(&x0, xq[r] + i, 4);
-        std::memcpy(&x1, xq[r] + i + 4, 4);
-        acc[r] = _mm512_dpbusd_epi32(acc[r], low, _mm512_set1_epi32(x0));
-        acc[r] = _mm512_dpbusd_epi32(acc[r], high, _mm512_set1_epi32(x1));
-      }
-    }
-    const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * 16)));
-    const __m512 lows = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + g * 16)));
-    for (int r = 0; r < R; ++r) {
-      facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, facc[r]);
-      facc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(gsum[r][g])), lows, facc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], _mm512_mul_ps(facc[r], _mm512_set1_ps(xs[r])));
-}
-
 // ---- int8 weights x int8 activations: Int8Linear where this file builds ---------------------------
 //
 // Why: oneDNN's `_int_mm` reads the 0.5B's int8 weights at ~15 GB/s for one row and 6-10 GB/s for
@@ -129,123 +72,87 @@ inline void block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo,
 // Layout (integer_linear.py: pack_int8): for block b and step s, 64 bytes: lane j's 4 bytes are the weights
 // of output 16b+j at inputs 4s..4s+3.
 
-// One block of 16 outputs for R rows: each 64 bytes of weights is loaded once for all R.
-template <int R>
-inline void q8_block_rows(const int8_t* w, const uint8_t* const* u, int64_t k, __m512i* acc) {
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
-  for (int64_t s = 0; s < k / 4; ++s) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + s * 64 + PREFETCH), _MM_HINT_T0);
-    const __m512i v = _mm512_loadu_si512(w + s * 64);
+// What ops.h's drivers run on AVX-512 VNNI
+struct Avx512Vnni {
+  static constexpr int ROWS = 8;  // rows sharing each unpacked load (8 accumulators and 8 sums: 16 of 32 registers)
+  static constexpr bool Q8_OFFSET = true;  // VNNI's unsigned operand: activations offset by 128
+
+  static void q8_quantize_row(const float* r, int64_t k, int8_t* out, float* scale) {
+    quantize_row_bytes(r, k, 128, reinterpret_cast<uint8_t*>(out), scale);
+  }
+  static void q4_quantize_row(const float* r, int64_t k, int8_t* out, float* scale) {
+    quantize_row_bytes(r, k, 0, reinterpret_cast<uint8_t*>(out), scale);
+  }
+
+  // One block of 16 outputs for R rows at once: each 64 bytes of codes is unpacked once for all R.
+  // Every row's sums run in the same order whatever R is, so how rows are grouped changes nothing.
+  template <int R>
+  static void q4_block_rows(const uint8_t* w, const at::Half* sc, const at::Half* lo, const int8_t* const* xq,
+                            const int32_t* const* gsum, const float* xs, int64_t k, int64_t group, float* const* out) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    __m512 facc[R];
+    for (int r = 0; r < R; ++r) facc[r] = _mm512_setzero_ps();
+    const int64_t groups = k / group, steps = group / 8;
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512i acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+      for (int64_t s = 0; s < steps; ++s) {
+        const int64_t i = g * group + s * 8;
+        _mm_prefetch(reinterpret_cast<const char*>(w + i * 8 + PREFETCH), _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(w + i * 8);  // 16 lanes x 8 codes
+        const __m512i low = _mm512_and_si512(v, mask);
+        const __m512i high = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+        for (int r = 0; r < R; ++r) {
+          int32_t x0, x1;
+          std::memcpy(&x0, xq[r] + i, 4);
+          std::memcpy(&x1, xq[r] + i + 4, 4);
+          acc[r] = _mm512_dpbusd_epi32(acc[r], low, _mm512_set1_epi32(x0));
+          acc[r] = _mm512_dpbusd_epi32(acc[r], high, _mm512_set1_epi32(x1));
+        }
+      }
+      const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + g * 16)));
+      const __m512 lows = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(lo + g * 16)));
+      for (int r = 0; r < R; ++r) {
+        facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), scale, facc[r]);
+        facc[r] = _mm512_fmadd_ps(_mm512_set1_ps(static_cast<float>(gsum[r][g])), lows, facc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], _mm512_mul_ps(facc[r], _mm512_set1_ps(xs[r])));
+  }
+
+  // One block of 16 outputs for R rows: each 64 bytes of weights is loaded once for all R. Activations
+  // are codes + 128 as bytes (q8_quantize_row), so 128 x each output's weight sum comes off the sum.
+  template <int R>
+  static void q8_block_rows(const int8_t* w, const float* wscale, const int32_t* wsum, const int8_t* const* xq,
+                            const float* xs, int64_t k, float* const* out) {
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    for (int64_t s = 0; s < k / 4; ++s) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + s * 64 + PREFETCH), _MM_HINT_T0);
+      const __m512i v = _mm512_loadu_si512(w + s * 64);
+      for (int r = 0; r < R; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, xq[r] + s * 4, 4);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(x4), v);
+      }
+    }
+    const __m512i offset = _mm512_mullo_epi32(_mm512_loadu_si512(wsum), _mm512_set1_epi32(128));
+    const __m512 ws = _mm512_loadu_ps(wscale);
     for (int r = 0; r < R; ++r) {
-      int32_t x4;
-      std::memcpy(&x4, u[r] + s * 4, 4);
-      acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(x4), v);
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], offset));
+      _mm512_storeu_ps(out[r], _mm512_mul_ps(_mm512_mul_ps(sum, _mm512_set1_ps(xs[r])), ws));
     }
   }
-}
+};
 
 }  // namespace
 
-// x [M, K] float32; packed [N/16, K/4, 64] int8; weight_sums [N] int32 (each output's weight sum);
-// scale [N] float32 -> [M, N] float32 = (float(int8(x) . w) * x_scale) * scale
 at::Tensor q8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& weight_sums,
                      const at::Tensor& scale) {
-  const auto xc = draftwise_ops::checked_q8(x, packed, scale);
-  const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0), n = blocks * 16;
-  TORCH_CHECK(weight_sums.scalar_type() == at::kInt && weight_sums.numel() == n && weight_sums.is_contiguous(),
-              "q8_linear: weight_sums must be int32 [N]");
-  auto out = at::empty({m, n}, xc.options());
-  auto xu = at::empty({m, k}, xc.options().dtype(at::kByte));
-  auto xs = at::empty({m}, xc.options());
-  const float* xp = xc.data_ptr<float>();
-  uint8_t* up = xu.data_ptr<uint8_t>();
-  float* sp = xs.data_ptr<float>();
-  draftwise::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) quantize_row_bytes(xp + r * k, k, 128, up + r * k, sp + r);
-  });
-  const int8_t* w = packed.data_ptr<int8_t>();
-  const int32_t* ws = weight_sums.data_ptr<int32_t>();
-  const float* sc = scale.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  // blocks split among threads; a block's weights stay in cache while every row reads them
-  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
-    __m512i acc[ROWS];
-    for (int64_t b = begin; b < end; ++b) {
-      const __m512i offset = _mm512_mullo_epi32(_mm512_loadu_si512(ws + b * 16), _mm512_set1_epi32(128));
-      const __m512 wscale = _mm512_loadu_ps(sc + b * 16);
-      const int8_t* wb = w + b * k * 16;
-      for (int64_t r = 0; r < m; r += ROWS) {
-        const int take = static_cast<int>(std::min<int64_t>(ROWS, m - r));
-        const uint8_t* ur[ROWS];
-        for (int j = 0; j < take; ++j) ur[j] = up + (r + j) * k;
-        switch (take) {
-          case 8: q8_block_rows<8>(wb, ur, k, acc); break;
-          case 7: q8_block_rows<7>(wb, ur, k, acc); break;
-          case 6: q8_block_rows<6>(wb, ur, k, acc); break;
-          case 5: q8_block_rows<5>(wb, ur, k, acc); break;
-          case 4: q8_block_rows<4>(wb, ur, k, acc); break;
-          case 3: q8_block_rows<3>(wb, ur, k, acc); break;
-          case 2: q8_block_rows<2>(wb, ur, k, acc); break;
-          default: q8_block_rows<1>(wb, ur, k, acc); break;
-        }
-        for (int j = 0; j < take; ++j) {
-          const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], offset));
-          _mm512_storeu_ps(o + (r + j) * n + b * 16,
-                           _mm512_mul_ps(_mm512_mul_ps(sum, _mm512_set1_ps(sp[r + j])), wscale));
-        }
-      }
-    }
-  });
-  return out;
+  return draftwise_ops::q8_linear_on<Avx512Vnni>(x, packed, weight_sums, scale);
 }
 
-// x [M, K] float32; packed [N/16, K/8, 64] uint8; scales, lows [N/16, K/group, 16] fp16 -> [M, N] float32
 at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
                      const at::Tensor& lows, int64_t group) {
-  const auto xc = draftwise_ops::checked_q4(x, packed, scales, lows, group);
-  const int64_t m = xc.size(0), k = xc.size(1), blocks = packed.size(0);
-  auto out = at::empty({m, blocks * 16}, xc.options());
-  auto xq = at::empty({m, k}, xc.options().dtype(at::kChar));
-  auto xs = at::empty({m}, xc.options());
-  auto gsum = at::empty({m, k / group}, xc.options().dtype(at::kInt));
-  quantize_rows(xc.data_ptr<float>(), m, k, group, xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
-                gsum.data_ptr<int32_t>());
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  const at::Half* sc = scales.data_ptr<at::Half>();
-  const at::Half* lo = lows.data_ptr<at::Half>();
-  const int8_t* q = xq.data_ptr<int8_t>();
-  const float* s = xs.data_ptr<float>();
-  const int32_t* gs = gsum.data_ptr<int32_t>();
-  float* o = out.data_ptr<float>();
-  const int64_t n = blocks * 16, groups = k / group;
-  // blocks split among threads; a block's weights stay in cache while every row reads them
-  draftwise::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const uint8_t* wb = w + b * k * 8;
-      const at::Half *scb = sc + b * groups * 16, *lob = lo + b * groups * 16;
-      for (int64_t r = 0; r < m;) {
-        const int8_t* xr[ROWS];
-        const int32_t* gr[ROWS];
-        float* orow[ROWS];
-        const int take = static_cast<int>(std::min<int64_t>(ROWS, m - r));
-        for (int j = 0; j < take; ++j) {
-          xr[j] = q + (r + j) * k;
-          gr[j] = gs + (r + j) * groups;
-          orow[j] = o + (r + j) * n + b * 16;
-        }
-        switch (take) {
-          case 8: block_rows<8>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          case 7: block_rows<7>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          case 6: block_rows<6>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          case 5: block_rows<5>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          case 4: block_rows<4>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          case 3: block_rows<3>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          case 2: block_rows<2>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-          default: block_rows<1>(wb, scb, lob, xr, gr, s + r, k, group, orow); break;
-        }
-        r += take;
-      }
-    }
-  });
-  return out;
+  return draftwise_ops::q4_linear_on<Avx512Vnni>(x, packed, scales, lows, group);
 }
