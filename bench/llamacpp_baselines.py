@@ -46,7 +46,7 @@ def gguf_for(target_spec: str) -> Path | None:
     return gguf_file(target_spec)
 
 
-class LlamaCppRunner:
+class LlamaCppBaseline:
     """One llama.cpp instance; `lookup_tokens` > 0 gives it prompt lookup decoding."""
 
     def __init__(self, gguf: Path, n_ctx: int, lookup_tokens: int = 0, threads: int | None = None):
@@ -146,13 +146,13 @@ class LlamaCppWorker:
 
 def _serve(gguf: str, n_ctx: int, lookup_tokens: int, threads: int) -> None:
     """The child's loop: one JSON request per stdin line, one JSON reply per stdout line."""
-    runners: dict[bool, LlamaCppRunner] = {}
+    runners: dict[bool, LlamaCppBaseline] = {}
     for line in sys.stdin:
         req = json.loads(line)
         try:
             lookup = bool(req["lookup"])
             if lookup not in runners:
-                runners[lookup] = LlamaCppRunner(Path(gguf), n_ctx, lookup_tokens if lookup else 0, threads or None)
+                runners[lookup] = LlamaCppBaseline(Path(gguf), n_ctx, lookup_tokens if lookup else 0, threads or None)
             timing = runners[lookup].generate(req["ids"], req["max_tokens"], set(req["end_ids"]))
             reply = dataclasses.asdict(timing)
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which records the failed run

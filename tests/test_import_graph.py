@@ -143,3 +143,25 @@ def test_serving_and_completing_load_no_measurement_code():
             "print(before, 'bench.cli' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"], out.stderr
+
+
+def _files(packages: tuple[str, ...]) -> list[Path]:
+    return sorted(p for pkg in packages for p in (ROOT / pkg).rglob("*.py"))
+
+
+def test_no_two_classes_share_a_name():
+    """A name says which class it is, wherever a reader meets it (the measurement package included)."""
+    seen: dict[str, list[str]] = {}
+    for path in _files(PACKAGES):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                seen.setdefault(node.name, []).append(module_name(path))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}
+
+
+def test_no_two_product_modules_share_a_file_name():
+    seen: dict[str, list[str]] = {}
+    for path in _files(PRODUCT):
+        if path.name not in ("__init__.py", "base.py"):
+            seen.setdefault(path.name, []).append(module_name(path))
+    assert {name: where for name, where in seen.items() if len(where) > 1} == {}

@@ -24,7 +24,7 @@ COMMENT_STARTS = ("#", "//", "/*", "*", "--", '"""', "'''")
 
 
 @dataclass(frozen=True)
-class Region:
+class TypedRegion:
     path: str  # as shown in reports
     language: str  # LSP language id
     prefix: str  # the document as opened: prefix + suffix, the cursor between them
@@ -66,7 +66,7 @@ def _start_lines(lines: list[str], offsets: list[int], chars: int, text_len: int
 
 
 def pick_region(text: str, path: str, language: str, chars: int, rng: random.Random,
-                source: Path | None = None) -> Region | None:
+                source: Path | None = None) -> TypedRegion | None:
     """Whole lines from an indented code line on, at least `chars` characters (ending at a line's
     end), at least half of them code and none of them prose; typing starts after the first line's
     indentation, which stays in the document."""
@@ -85,11 +85,11 @@ def pick_region(text: str, path: str, language: str, chars: int, rng: random.Ran
         typed = [line for line in lines[first:last + 1] if line.strip()]
         if not prose & set(range(first, last + 1)) and sum(map(_looks_like_code, typed)) * 2 >= len(typed):
             end = offsets[last] + len(lines[last])
-            return Region(path, language, text[:start], text[end:], text[start:end], first + 1, source)
+            return TypedRegion(path, language, text[:start], text[end:], text[start:end], first + 1, source)
     return None
 
 
-def regions_of(files: list[Path], chars: int, seed: int) -> list[Region]:
+def regions_of(files: list[Path], chars: int, seed: int) -> list[TypedRegion]:
     rng = random.Random(seed)
     regions = []
     for f in files:
@@ -106,14 +106,14 @@ def regions_of(files: list[Path], chars: int, seed: int) -> list[Region]:
 
 
 def default_regions(chars: int, seed: int = 0, count: int = DEFAULT_FILES,
-                    workspace: Path | None = None) -> list[Region]:
+                    workspace: Path | None = None) -> list[TypedRegion]:
     """Regions of `count` installed source files (or files of `workspace`), dealt round-robin over the
     languages found (up to FILES_PER_LANGUAGE each), files and regions picked with a seeded RNG."""
     found = (list_files([workspace], DEFAULT_LANGUAGES, repository=True) if workspace is not None
              else list_files(default_roots(), DEFAULT_LANGUAGES))
     rng = random.Random(seed)
     per_language = count if workspace is not None else FILES_PER_LANGUAGE  # a package is mostly one language
-    chosen: dict[str, list[Region]] = {}
+    chosen: dict[str, list[TypedRegion]] = {}
     for language in [lang for lang in DEFAULT_LANGUAGES if found.get(lang)]:
         candidates = [f for f, _ in found[language]]
         rng.shuffle(candidates)
@@ -126,7 +126,7 @@ def default_regions(chars: int, seed: int = 0, count: int = DEFAULT_FILES,
                 chosen[language].append(region)
             if len(chosen[language]) == per_language:
                 break
-    picked: list[Region] = []  # one file of each language first, then a second of each
+    picked: list[TypedRegion] = []  # one file of each language first, then a second of each
     for i in range(per_language):
         picked += [regions[i] for regions in chosen.values() if i < len(regions)]
     if len(picked) < count:

@@ -9,7 +9,7 @@ from typing import Any
 import psutil
 
 from bench.raw_client import RawServer
-from bench.replay.editor import Document, Suggestion
+from bench.replay.editor import Document, ReplayedSuggestion
 
 SERVE = [sys.executable, "-m", "lsp_server.cli", "serve"]  # this checkout's server, this interpreter
 IDLE_SETTING = "idleWork"  # suggestions started at pauses, read-ahead and prefetch after display; a boolean
@@ -74,7 +74,7 @@ class DraftwiseBackend:
     def cancel(self, handle: Any) -> None:
         self.server.notify("$/cancelRequest", {"id": handle})
 
-    def answer(self, handle: Any, doc: Document, deadline: float) -> tuple[Suggestion | None, float] | None:
+    def answer(self, handle: Any, doc: Document, deadline: float) -> tuple[ReplayedSuggestion | None, float] | None:
         got = self.server.response_by(handle, deadline)
         if got is None:
             return None
@@ -85,9 +85,9 @@ class DraftwiseBackend:
         item = items[0]
         text = item["insertText"] if isinstance(item["insertText"], str) else item["insertText"]["value"]
         rng = item.get("range") or {"start": doc.position(doc.cursor), "end": doc.position(doc.cursor)}
-        return Suggestion(text, doc.offset(rng["start"]), doc.offset(rng["end"]), item.get("command")), arrived
+        return ReplayedSuggestion(text, doc.offset(rng["start"]), doc.offset(rng["end"]), item.get("command")), arrived
 
-    def accepted(self, suggestion: Suggestion) -> None:
+    def accepted(self, suggestion: ReplayedSuggestion) -> None:
         if suggestion.command:
             self.server.request("workspace/executeCommand", {"command": suggestion.command["command"],
                                                              "arguments": suggestion.command.get("arguments", [])})

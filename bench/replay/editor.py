@@ -68,7 +68,7 @@ class Document:
 
 
 @dataclass
-class Suggestion:
+class ReplayedSuggestion:
     insert_text: str
     start: int  # offset where the item's range starts
     end: int  # ... and ends (text it would replace)
@@ -84,8 +84,8 @@ class Backend(Protocol):
     def change(self, doc: Document, start: dict, end: dict, text: str) -> None: ...
     def request(self, doc: Document) -> Any: ...
     def cancel(self, handle: Any) -> None: ...
-    def answer(self, handle: Any, doc: Document, deadline: float) -> tuple[Suggestion | None, float] | None: ...
-    def accepted(self, suggestion: Suggestion) -> None: ...
+    def answer(self, handle: Any, doc: Document, deadline: float) -> tuple[ReplayedSuggestion | None, float] | None: ...
+    def accepted(self, suggestion: ReplayedSuggestion) -> None: ...
     def close(self, doc: Document) -> None: ...
 
 
@@ -127,7 +127,7 @@ class TypingSession:
         self.reaction_s = REACTION_S / speed
         self.pos = 0  # characters of the region in the document
         self.pending: _Pending | None = None
-        self.shown: Suggestion | None = None
+        self.shown: ReplayedSuggestion | None = None
         self.debounce_at = math.inf
         self.next_key_at = math.inf
         self.pause_start: float | None = None
@@ -162,7 +162,7 @@ class TypingSession:
         elif now >= self.next_key_at:
             self._key_due(now)
 
-    def _on_answer(self, suggestion: Suggestion | None, arrived: float) -> None:
+    def _on_answer(self, suggestion: ReplayedSuggestion | None, arrived: float) -> None:
         pending, self.pending = self.pending, None
         if suggestion is None or pending.version != self.doc.version:
             return

@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 
 from bench.llama_server import stop_process
-from bench.replay.editor import ClientProfile, Document, Suggestion
+from bench.replay.editor import ClientProfile, Document, ReplayedSuggestion
 
 # llama.vim's defaults (its s:default_config) and its request body.
 N_PREFIX_LINES, N_SUFFIX_LINES, MAX_LINE_SUFFIX = 256, 64, 8
@@ -161,7 +161,7 @@ class _Request:
 
 @dataclass
 class _Handle:
-    shown: tuple[Suggestion, float] | None  # a cache hit, on screen at once
+    shown: tuple[ReplayedSuggestion, float] | None  # a cache hit, on screen at once
 
 
 class LlamaVimBackend:
@@ -271,14 +271,14 @@ class LlamaVimBackend:
                         best = rest
             return best
 
-    def _show(self, doc: Document) -> tuple[Suggestion, float] | None:
+    def _show(self, doc: Document) -> tuple[ReplayedSuggestion, float] | None:
         """A cache hit rendered at the cursor, and the speculative request for after it."""
         content = self._cached(doc)
         text = rendered(content, doc) if content else None
         if text is None:
             return None
         self._fim(doc, text.split("\n"))
-        return Suggestion(text, doc.cursor, doc.cursor, None), time.monotonic()
+        return ReplayedSuggestion(text, doc.cursor, doc.cursor, None), time.monotonic()
 
     # ---- editor.Backend ----------------------------------------------------------------------------
     def open(self, doc: Document) -> None:
@@ -297,7 +297,7 @@ class LlamaVimBackend:
     def cancel(self, handle: Any) -> None:
         """llama.vim does not cancel a request it sent; its answer goes to the cache."""
 
-    def answer(self, handle: _Handle, doc: Document, deadline: float) -> tuple[Suggestion | None, float] | None:
+    def answer(self, handle: _Handle, doc: Document, deadline: float) -> tuple[ReplayedSuggestion | None, float] | None:
         if handle.shown is not None:
             return handle.shown
         while True:
@@ -311,7 +311,7 @@ class LlamaVimBackend:
                 return None
             self.answered.wait(timeout=left)
 
-    def accepted(self, suggestion: Suggestion) -> None:
+    def accepted(self, suggestion: ReplayedSuggestion) -> None:
         """Tab inserts the text; llama.vim sends nothing."""
 
     def close(self, doc: Document) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.metrics import percentile
-from bench.replay.corpus import Region
+from bench.replay.corpus import TypedRegion
 from bench.replay.draftwise_backend import DraftwiseBackend
 from bench.replay.editor import ClientProfile, Document, FileResult, TypingSession
 from bench.replay.keystrokes import Keystroke, plan_keystrokes
@@ -24,14 +24,14 @@ class Replay:
     folder the server is given, where each file is typed at its own place; None: a scratch folder
     holding nothing but the typed documents."""
 
-    regions: Sequence[Region]
+    regions: Sequence[TypedRegion]
     plans: Sequence[list[Keystroke]]
     profiles: Sequence[ClientProfile]
     speed: float = 1.0
     workspace: Path | None = None
 
 
-def make_replay(regions: Sequence[Region], profiles: Sequence[ClientProfile], seed: int, speed: float,
+def make_replay(regions: Sequence[TypedRegion], profiles: Sequence[ClientProfile], seed: int, speed: float,
                 workspace: Path | None = None) -> Replay:
     plans = [plan_keystrokes(r.text, random.Random(f"{seed}:{i}"), speed) for i, r in enumerate(regions)]
     return Replay(regions, plans, profiles, speed, workspace)

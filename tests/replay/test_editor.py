@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 import time
 
-from bench.replay.editor import NEOVIM, VSCODE, Document, FileResult, Suggestion, TypingSession
+from bench.replay.editor import NEOVIM, VSCODE, Document, FileResult, ReplayedSuggestion, TypingSession
 from bench.replay.keystrokes import plan_keystrokes
 from bench.replay.runs import summarize
 
@@ -21,7 +21,7 @@ class ScriptedBackend:
         self.delay_s, self.ahead, self.wrong = delay_s, ahead, wrong
         self.requests: dict[int, tuple[float, str, int]] = {}
         self.cancelled: list[int] = []
-        self.accepted_items: list[Suggestion] = []
+        self.accepted_items: list[ReplayedSuggestion] = []
         self.changes: list[str] = []
 
     def open(self, doc): self.opened = doc.text
@@ -43,7 +43,7 @@ class ScriptedBackend:
             time.sleep(max(0.0, deadline - time.monotonic()))
             return None
         time.sleep(max(0.0, ready_at - time.monotonic()))
-        return (Suggestion(text, cursor, cursor, {"command": "draftwise.accepted"}) if text else None), ready_at
+        return (ReplayedSuggestion(text, cursor, cursor, {"command": "draftwise.accepted"}) if text else None), ready_at
 
 
 def replay(backend, profile) -> tuple[FileResult, Document]:
