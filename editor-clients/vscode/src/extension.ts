@@ -306,6 +306,7 @@ interface ShownItems {
   uri: string;
   items: vscode.InlineCompletionItem[];
 }
+const SHOWN_REPLIES = 4;
 
 /** Where the editor last asked and got nothing: asked again once the models are loaded. */
 interface UnansweredRequest {
@@ -323,7 +324,9 @@ class DraftwiseClient implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private readonly status = new StatusBar();
   readonly enablement = new Enablement(SECTION);
-  private shown: ShownItems | undefined;
+  // The last few replies, newest first: VS Code may keep drawing an item of an earlier reply after a
+  // newer one came (it asks again, invoked, at the same cursor, and keeps the item on screen).
+  private shown: ShownItems[] = [];
   private serverCommand: { command: string; source: string } | undefined;
   private readonly output = vscode.window.createOutputChannel('Draftwise', { log: true });
   readonly statsDocument = new StatsDocument();
@@ -412,7 +415,7 @@ class DraftwiseClient implements vscode.Disposable {
             const result = await next(document, position, context, token);
             const items = Array.isArray(result) ? result : result?.items ?? [];
             if (items.length > 0) {
-              this.shown = { uri: document.uri.toString(), items };
+              this.shown = [{ uri: document.uri.toString(), items }, ...this.shown].slice(0, SHOWN_REPLIES);
               this.unanswered = undefined;
             } else if (!token.isCancellationRequested) {
               // Nothing (while the models load the server answers so): asked again when they are ready.
@@ -653,15 +656,16 @@ class DraftwiseClient implements vscode.Disposable {
    */
   async acceptPart(kind: 'word' | 'line'): Promise<void> {
     const editor = vscode.window.activeTextEditor;
-    // Read before accepting: the edit makes VS Code ask again, and the reply replaces `shown`.
+    // Read before accepting: the edit makes VS Code ask again, and the reply joins `shown`.
     const shown = this.shown;
     await vscode.commands.executeCommand(
       kind === 'word' ? 'editor.action.inlineSuggest.acceptNextWord' : 'editor.action.inlineSuggest.acceptNextLine');
-    if (editor === undefined || shown === undefined || shown.uri !== editor.document.uri.toString()) {
+    if (editor === undefined) {
       return;
     }
     const cursor = editor.selection.active;
-    for (const item of shown.items) {
+    const uri = editor.document.uri.toString();
+    for (const item of shown.filter((reply) => reply.uri === uri).flatMap((reply) => reply.items)) {
       const text = typeof item.insertText === 'string' ? item.insertText : item.insertText.value;
       const start = item.range?.start;
       if (start === undefined || cursor.isBeforeOrEqual(start)) {
