@@ -269,7 +269,7 @@ class StopRules:
         cls, prefix: str, suffix: str, language: str, scope: str, tab_width: int = TAB_WIDTH
     ) -> "StopRules":
         """Rules for a completion at the cursor between `prefix` and `suffix`. `scope` may be
-        "auto" (resolved here with `resolve_scope`)."""
+        "auto" (resolved here from the cursor's context, as `resolve_scope` does)."""
         if scope != "auto" and scope not in SCOPES:
             raise ValueError(f"unknown scope {scope!r}; expected auto, line, block or full")
         if tab_width < 1:
@@ -277,8 +277,8 @@ class StopRules:
         facts = facts_for(language)
         suffix_head = suffix[:_SUFFIX_HEAD_CHARS]
         context = _cursor_context(prefix, suffix_head, facts, tab_width)
-        if scope == "auto":
-            scope = _auto_scope(context, suffix_head)
+        if scope == "auto":  # a blank head says nothing of what follows: then the whole suffix decides
+            scope = _auto_scope(context, suffix_head if suffix_head.strip() else suffix)
         rest = context.rest.strip()
         later_lines = suffix_head.split("\n")[1:]
         # The cursor sits in the leading blanks of a non-blank line: the completion inserts lines
@@ -492,6 +492,8 @@ def completion_rules(prefix: str, suffix: str, language: str, path: str, request
                      ) -> tuple[Callable[[str], int | None], Callable[[str], int | None]]:
     """A request's text rule (checked as text arrives) and final rule (where to end it when the model
     stops on its own). Scope `full` has none: the model's raw output, as benchmarks compare it."""
+    if requested_scope == "full":
+        return _never, _never
     # the cursor's context is read once, in for_request, which resolves an `auto` scope from it
     rules = StopRules.for_request(prefix, suffix, language or language_from_path(path), requested_scope)
     if rules.scope == "full":

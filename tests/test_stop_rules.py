@@ -615,3 +615,13 @@ def test_check_is_fast_on_two_kilobytes():
         rules.check(text[:end])
         calls += 1
     assert (time.perf_counter() - started) / calls < 1e-3
+
+
+def test_a_request_plans_the_scope_resolve_scope_gives_even_past_a_blank_suffix_head():
+    """completion_rules resolves `auto` from the cursor's context it reads once; a suffix whose first
+    stretch is blank still has its code further down counted, as resolve_scope counts it."""
+    from decoding.stop_rules import _SUFFIX_HEAD_CHARS, StopRules, resolve_scope
+
+    prefix = "x = 1\n"
+    for suffix in (" " * _SUFFIX_HEAD_CHARS + "\ny = 2\n", "\n" * _SUFFIX_HEAD_CHARS + "y = 2\n", "", "\n\n"):
+        assert StopRules.for_request(prefix, suffix, "python", "auto").scope == resolve_scope(prefix, suffix, "python")

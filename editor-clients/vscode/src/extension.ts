@@ -306,6 +306,8 @@ interface ShownItems {
   uri: string;
   items: vscode.InlineCompletionItem[];
 }
+
+/** Replies kept for partial accepts (DraftwiseClient.shown). */
 const SHOWN_REPLIES = 4;
 
 /** Where the editor last asked and got nothing: asked again once the models are loaded. */
@@ -665,6 +667,8 @@ class DraftwiseClient implements vscode.Disposable {
     }
     const cursor = editor.selection.active;
     const uri = editor.document.uri.toString();
+    // The taken item is the first, newest reply first, whose text starts with what lies between its
+    // start and the cursor now.
     for (const item of shown.filter((reply) => reply.uri === uri).flatMap((reply) => reply.items)) {
       const text = typeof item.insertText === 'string' ? item.insertText : item.insertText.value;
       const start = item.range?.start;
@@ -672,8 +676,11 @@ class DraftwiseClient implements vscode.Disposable {
         continue;
       }
       const taken = editor.document.getText(new vscode.Range(start, cursor));
-      if (taken === '' || !text.startsWith(taken) || taken === text) {
-        continue; // not this item, or all of it (VS Code then runs the item's own accept command)
+      if (taken === '' || !text.startsWith(taken)) {
+        continue; // not this item
+      }
+      if (taken === text) {
+        return; // all of it: VS Code runs the item's own accept command (an older reply is not looked at)
       }
       const info = item.command?.arguments?.[0];
       if (typeof info?.id !== 'string') {
