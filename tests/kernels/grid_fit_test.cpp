@@ -10,18 +10,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "xorshift.h"
+
 namespace {
 
-uint64_t state = 88172645463325252ull;
-uint32_t next() {  // xorshift: tests/engine/test_integer_kernels.py's Xorshift, number for number
-  state ^= state << 13;
-  state ^= state >> 7;
-  state ^= state << 17;
-  return static_cast<uint32_t>(state);
-}
-float uniform(int lo, int hi) {
-  return static_cast<float>(lo + static_cast<int>(next() % static_cast<uint32_t>(hi - lo + 1)));
-}
+float uniform(int lo, int hi) { return static_cast<float>(draftwise_test::uniform(lo, hi)); }
 
 void push_noise(std::vector<float>& out, int groups) {
   for (int i = 0; i < groups * 32; ++i) out.push_back(uniform(-3000, 3000) / 65536.0f);

@@ -9,16 +9,11 @@
 #include <cstring>
 #include <vector>
 
+#include "xorshift.h"
+
 namespace {
 
-uint64_t state = 88172645463325252ull;
-uint32_t next() {  // xorshift: the same numbers on every machine
-  state ^= state << 13;
-  state ^= state >> 7;
-  state ^= state << 17;
-  return static_cast<uint32_t>(state);
-}
-int uniform(int lo, int hi) { return lo + static_cast<int>(next() % static_cast<uint32_t>(hi - lo + 1)); }
+using draftwise_test::uniform;
 
 float half_to_float(uint16_t bits) {
   __fp16 h;
@@ -159,7 +154,7 @@ uint64_t fnv1a(const std::vector<float>& v) {
 // tests/engine/test_integer_kernels.py's cross_isa_outputs, made from the same numbers of the same generator
 // (restarted), through this kernel: its digests must be the ones the AVX-512 VNNI kernel gave there.
 void check_against_x86() {
-  state = 88172645463325252ull;
+  draftwise_test::state = 88172645463325252ull;
   const int rows = 19, k = 896, n = 160, blocks = n / 16, groups = k / 32;
   std::vector<float> x(rows * k), scale(n);
   for (auto& v : x) v = static_cast<float>(uniform(-2000, 2000)) / 256.0f;

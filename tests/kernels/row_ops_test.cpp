@@ -11,16 +11,11 @@
 #include <cstring>
 #include <vector>
 
+#include "xorshift.h"
+
 namespace {
 
-uint64_t state = 88172645463325252ull;
-uint32_t next() {  // xorshift: tests/engine/test_integer_kernels.py's Xorshift, number for number
-  state ^= state << 13;
-  state ^= state >> 7;
-  state ^= state << 17;
-  return static_cast<uint32_t>(state);
-}
-int uniform(int lo, int hi) { return lo + static_cast<int>(next() % static_cast<uint32_t>(hi - lo + 1)); }
+using draftwise_test::uniform;
 
 // n integers in -2000..2000 over a power of two: exact floats on every machine
 std::vector<float> exact(size_t n, float scale) {
