@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -326,6 +327,7 @@ def run(args) -> int:
         max_tokens=max_tokens, device=getattr(args, "device", "auto"), dtype=getattr(args, "dtype", "auto"),
         draft_weights=getattr(args, "draft_weights", "auto"),
         context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens),
+        suffix=getattr(args, "suffix", EngineConfig.suffix),
         trust_remote_code=getattr(args, "trust_remote_code", False),
     )
     typing_drafter = getattr(args, "drafter", None) or "auto"
@@ -345,6 +347,15 @@ def run(args) -> int:
     with tqdm(total=None, desc="loading models", file=sys.stderr, bar_format="{desc} {elapsed}") as bar:
         engines, reference, auto_reason = load_engines(config, formats, bar.set_description_str)
     engine = next(iter(engines.values()))
+    if quality_reference is not None:  # its fp32 records pair with this run's only under the same prompt
+        from bench.harness import suffix_lines_of
+
+        shown = engine.info().get("suffix") or {}
+        if suffix_lines_of(json.loads(Path(args.quality_reference).read_text()).get("config", {})) != bool(shown.get("lines")):
+            quality_reference = None
+            print(f"draftwise bench: --quality-reference showed the model another suffix than this run "
+                  f"({shown.get('why')}): its cases are scored again, its records are not this run's fp32",
+                  file=sys.stderr)
     bench = None
     try:
         bench = Bench(engines, cases, settings, target_spec=args.target, reference=reference,
@@ -384,7 +395,8 @@ def run(args) -> int:
         "draft_weights": info.get("draft_weights"), "kernel": info.get("kernel"),
         "serve_rss_mib": serve_rss, "serve_start": serve_start, "cold_start": cold,
         "quality_cases": len(quality_cases),
-        "max_tokens": max_tokens, "context_tokens": config.context_tokens, "seed": args.seed, "limit": args.limit,
+        "max_tokens": max_tokens, "context_tokens": config.context_tokens, "suffix": info.get("suffix"),
+        "seed": args.seed, "limit": args.limit,
         "cases": len(cases), "languages": dict(Counter(c.language for c in cases)),
         "corpus": args.corpus or "installed code (stdlib, site-packages, C headers, npm globals)",
         "modes": list(planned), "repeats": args.repeats, "lookup_tokens": settings.lookup_tokens,
@@ -508,12 +520,14 @@ def _crossfile_only(args, weights: str) -> int:
 
     config = EngineConfig(target=args.target, weights=weights, max_tokens=getattr(args, "max_tokens", None) or 48,
                           device=getattr(args, "device", "auto"),
-                          context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens))
+                          context_tokens=getattr(args, "context_tokens", EngineConfig.context_tokens),
+                          suffix=getattr(args, "suffix", EngineConfig.suffix))
     engine = Engine(config)
     engine.load()
     try:
         data = {"config": {"target": args.target, "weights": engine.models.target.weights, "seed": args.seed,
                            "context_tokens": config.context_tokens, "max_tokens": config.max_tokens,
+                           "suffix": engine.info().get("suffix"),
                            "exact": engine.models.target_runner.verify_exact,
                            "command": "draftwise " + " ".join(shlex.quote(a) for a in sys.argv[1:])},
                 **({"crossfile": _crossfile(args, engine)} if args.crossfile else {}),

@@ -850,6 +850,12 @@ def _records(rows: Sequence[dict]) -> dict[str, RunRecord]:
     return {r["case_id"]: RunRecord(**{k: v for k, v in r.items() if k in names}) for r in rows}
 
 
+def suffix_lines_of(config: dict) -> bool:
+    """Whether a bench JSON's run showed the model the lines after the cursor (`suffix`); runs from
+    before the setting showed the rest of the cursor's line."""
+    return bool((config.get("suffix") or {}).get("lines", False))
+
+
 def merge_quality_runs(paths: Sequence[str], versus: str | None = None) -> dict:
     """Several bench JSONs' scored records pooled per weight format into one quality table: each
     run's timed plain rows (`none@FORMAT`, llama.cpp's `llamacpp-plain`) and its quality runs. The
@@ -871,8 +877,14 @@ def merge_quality_runs(paths: Sequence[str], versus: str | None = None) -> dict:
     if len(targets) > 1 and None in targets:  # models are told apart by the spec each run was given
         raise ValueError(f"{next(p for p, d in loaded if not d.get('config', {}).get('target'))} names no target model")
     first = None
+    shown: dict[tuple, tuple[str, bool]] = {}  # (model, label) -> the first file's suffix choice
     for path, data in loaded:
         config = data.get("config", {})
+        pooled = (config.get("target"), labels[path])
+        lines = suffix_lines_of(config)
+        if shown.setdefault(pooled, (path, lines))[1] != lines:
+            raise ValueError(f"{path} showed {'the lines after the cursor' if lines else 'the rest of its line'} "
+                             f"as the suffix, {shown[pooled][0]} not: label them apart (PATH=LABEL)")
         mine = {k: config.get(k) for k in settings}
         if first is None:
             first = (path, mine)

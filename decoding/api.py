@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 DRAFTERS = ("none", "lookup", "model", "suggestion", "auto")
 SCOPES = ("auto", "line", "block", "full")
+# What the prompt shows after the cursor: the rest of its line, or the lines after it too (as many as the
+# suffix budget holds); auto: the lines where the quality gate measured that they pay for the model.
+SUFFIXES = ("auto", "line", "lines")
 WEIGHT_FORMATS = ("auto", "fp32", "bf16", "int8", "int4", "gguf")  # decoding.models.weights implements them;
 # gguf: the model's GGUF file run by llama.cpp (decoding/runners/llamacpp.py)
 # "error": a remote engine's request that failed (it ends empty); the in-process engine raises instead
@@ -160,6 +163,7 @@ class EngineConfig:
     weights: str = "auto"  # target weight format: auto | fp32 | bf16 | int8 | int4 (decoding.models.weights)
     draft_weights: str = "auto"  # the draft model's; auto picks the fastest (the output stays the target's)
     context_tokens: int = 1536  # prompt budget: prefix + suffix + other files
+    suffix: str = "auto"  # one of SUFFIXES (decoding/models/quality_gate.py: SUFFIX_LINES)
     cache_mb: int = 512  # bound on KV memory kept for reuse across requests
     trust_remote_code: bool = False
     measure_cost: bool = True  # time forwards at load to build the cost model

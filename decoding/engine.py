@@ -220,6 +220,7 @@ class Engine:
             "verify": ({"exact_width": m.target_runner.exact_width, "lossless": m.target_runner.verify_exact,
                         "exact": getattr(m.target_runner, "exact_how", None)} if m else None),
             "fim_template": m.prompts.template.family if m else None,
+            "suffix": {"lines": m.prompts.whole_suffix, "why": m.suffix_why} if m else None,
             "repo_context": self._repo_context() if m else None,
             "cost_model": {**m.cost.summary(), **m.draft_costs} if m else None,
         }

@@ -7,9 +7,10 @@ Layout (why it looks like this):
 - The suffix comes after the prefix (prefix-suffix-middle, the layout these models are trained on;
   putting the suffix first lost most exact first lines in a measurement), which means every edit
   reads the suffix section again (~8 ms a token on a 2-core CPU, on every keystroke). So it is
-  short: the rest of the cursor's line, at most 32 tokens. On 200 benchmark cases (Qwen2.5-Coder-0.5B,
-  Q4) the first line was exactly right in 17.0% of cases with the rest of the line, against 13-14%
-  with 16-64 tokens of the lines after.
+  short, at most 32 tokens: the rest of the cursor's line, or, for a model where the quality gate
+  measured that they pay (`whole_suffix`, EngineConfig.suffix), the lines after it as far as whole
+  lines fit. On the gate's cases the 0.5B wrote fewer first lines right with the lines after, the
+  1.5B more (decoding/models/quality_gate.py: SUFFIX_LINES).
 - The end of the prefix that the cursor cuts (its last blank: a new line's indentation, the space
   after `return `; or its last word: the `s` of `self` being typed) is left out, and the model writes
   it first (decoding/healing.py): a prompt that ends on a blank token made the model indent twice, one

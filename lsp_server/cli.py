@@ -11,7 +11,7 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # keep library chatter off the user's terminal
 
-from decoding.api import DRAFTERS, SCOPES, WEIGHT_FORMATS, EngineConfig  # noqa: E402  (light: no torch)
+from decoding.api import DRAFTERS, SCOPES, SUFFIXES, WEIGHT_FORMATS, EngineConfig  # noqa: E402  (light: no torch)
 from decoding.errors import DraftwiseError  # noqa: E402
 
 log = logging.getLogger("draftwise")
@@ -40,6 +40,9 @@ def add_model_flags(p: argparse.ArgumentParser, many_weights: bool = False) -> N
     g.add_argument("--draft-weights", default=d.draft_weights, choices=WEIGHT_FORMATS,
                    help="draft model weight format; auto: the fastest (default: %(default)s)")
     g.add_argument("--context-tokens", type=int, default=d.context_tokens, help="prompt token budget (default: %(default)s)")
+    g.add_argument("--suffix", default=d.suffix, choices=SUFFIXES,
+                   help="what the prompt shows after the cursor: the rest of its line, or the lines after it too; "
+                        "auto: the lines where the quality gate measured that they pay for the model (default: %(default)s)")
     g.add_argument("--trust-remote-code", action="store_true", help="allow model repositories to run their own code (off by default)")
     # the compiled forward was removed; an editor's server command that still passes the flag starts
     g.add_argument("--compile", choices=("on", "off", "auto"), help=argparse.SUPPRESS)
@@ -54,7 +57,8 @@ def engine_config(args) -> EngineConfig:
     return EngineConfig(target=args.target, draft=None if args.draft in (None, "none") else args.draft,
                         drafter=args.drafter, max_tokens=args.max_tokens, device=args.device, dtype=args.dtype,
                         weights=args.weights, draft_weights=args.draft_weights,
-                        context_tokens=args.context_tokens, trust_remote_code=args.trust_remote_code)
+                        context_tokens=args.context_tokens, suffix=args.suffix,
+                        trust_remote_code=args.trust_remote_code)
 
 
 # The measurement commands live in the top-level `bench` package, outside the product: they are

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from decoding.api import DRAFTERS, SCOPES, WEIGHT_FORMATS, EngineConfig
+from decoding.api import DRAFTERS, SCOPES, SUFFIXES, WEIGHT_FORMATS, EngineConfig
 
 SECTION = "draftwise"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -31,7 +31,8 @@ REPO_CONTEXT_TOKENS_RANGE = (0, 65536)
 
 # Changing any of these means different weights: the engine reloads. (The prompt budget, drafter,
 # max tokens and temperature travel with each request.)
-ENGINE_FIELDS = ("target", "draft", "device", "dtype", "weights", "draft_weights")
+# what the engine loads with; the suffix choice is its prompt builder's
+ENGINE_FIELDS = ("target", "draft", "device", "dtype", "weights", "draft_weights", "suffix")
 
 
 @dataclass(frozen=True)
@@ -158,6 +159,7 @@ _KEYS: dict[str, tuple[Callable[[str, Any], Any], str]] = {
     "weights": (_choice(WEIGHT_FORMATS), "engine.weights"),
     "draftWeights": (_choice(WEIGHT_FORMATS), "engine.draft_weights"),
     "contextTokens": (_int_range(*CONTEXT_TOKENS_RANGE), "engine.context_tokens"),
+    "suffix": (_choice(SUFFIXES), "engine.suffix"),
     "temperature": (_temperature, "temperature"),
     "languages": (_languages, "languages"),
     "scope": (_choice(SCOPES), "scope"),

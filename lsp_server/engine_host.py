@@ -201,6 +201,8 @@ class EngineHost:
             "draftingOff": info.get("drafting_off") or None,
             # `repoContext: "auto"`: whether the repository as context pays for this model, and the measurement
             "repoContextPays": info.get("repo_context"),
+            # what the prompt shows after the cursor (`suffix`): the lines after it or its line's rest, and why
+            "suffix": info.get("suffix"),
             "last": engine_stats.get("last"),
             "cumulative": engine_stats.get("cumulative", {}),
             "requests": engine_stats.get("requests", 0),

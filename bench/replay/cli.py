@@ -53,7 +53,8 @@ def serve_args(args) -> list[str]:
     """The model flags of `draftwise serve`, from the same flags given to `replay`."""
     out = ["--target", args.target, "--drafter", args.drafter, "--max-tokens", str(args.max_tokens),
            "--device", args.device, "--dtype", args.dtype, "--weights", args.weights,
-           "--draft-weights", args.draft_weights, "--context-tokens", str(args.context_tokens)]
+           "--draft-weights", args.draft_weights, "--context-tokens", str(args.context_tokens),
+           "--suffix", args.suffix]
     if args.draft:
         out += ["--draft", args.draft]
     if args.trust_remote_code:
@@ -108,7 +109,7 @@ def run(args) -> int:
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731 - progress on stderr; the table owns stdout
     data = {"settings": {"target": args.target, "chars_per_file": args.chars, "client": args.client,
                          "seed": args.seed, "speed": args.speed, "idle": args.idle,
-                         "repo_context": args.repo_context,
+                         "repo_context": args.repo_context, "suffix": args.suffix,
                          "workspace": corpus.shown_path(workspace) if workspace is not None else None,
                          "debounce_ms": {c.name: round(c.debounce_s * 1000) for c in CLIENTS.values()}},
             "machine": report.machine_info(), "versions": report.versions(), "date": report.stamp(),

@@ -96,3 +96,60 @@ def repo_context_verdict(model_key: str | None, measured: dict[str, dict] | None
     why = (f"cross-file cases {cross['difference_points']:+.1f} points [{cross['ci95'][0]:+.1f}, {cross['ci95'][1]:+.1f}], "
            f"ordinary cases {ordinary['difference_points']:+.1f} [{ordinary['ci95'][0]:+.1f}, {ordinary['ci95'][1]:+.1f}]")
     return gains and keeps, ("on: " if gains and keeps else "off: ") + why
+
+
+# preset name -> whether the prompt's suffix pays with the lines after the cursor (`suffix: "auto"`): the
+# paired first-line-exact difference on the gate's cases, the lines after the cursor (up to the suffix's
+# budget) minus the rest of the cursor's line alone. The suffix follows the prefix, so a keystroke reads
+# it again: it is shown only where it pays. From the runs in docs/weights.md ("The lines after the cursor").
+SUFFIX_LINES: dict[str, dict] = {
+    # int8, the gate's first 161 cases, both with healing: 2 cases only the lines got right, 21 only the line
+    "qwen2.5-coder-0.5b": {
+        "cases": 161, "difference_points": -11.8, "ci95": [-17.4, -6.2], "mcnemar_p": 0.000,
+        "runs": ["draftwise bench --limit 1 --quality-cases 160 --max-tokens 24 --context-tokens 512 --typing-cases 0 "
+                 "--cancel-tries 0 --weights int8 --modes none --quality-reference docs/bench/quality-0.5b-fp32-int8-161.json "
+                 "--suffix lines --json docs/bench/quality-0.5b-int8-lines-161.json (2026-12-07 UTC)",
+                 "draftwise bench --quality-merge docs/bench/quality-0.5b-int8-healed-161.json=healing,"
+                 "docs/bench/quality-0.5b-int8-lines-161.json=lines --quality-versus int8/healing --max-tokens 24 "
+                 "--context-tokens 512 --json docs/bench/quality-0.5b-lines-vs-healing.json"],
+    },
+    # int4, the gate's 404 cases (161 + 256 with --seed 1), both with healing: 21 cases only the lines got
+    # right, 13 only the line; not significant, so auto keeps the line
+    "qwen2.5-coder-1.5b": {
+        "cases": 404, "difference_points": 2.0, "ci95": [-0.7, 4.7], "mcnemar_p": 0.230,
+        "runs": ["docs/bench/quality-1.5b-int4-lines-161.json, quality-1.5b-int4-lines-seed1-256.json (--suffix lines) "
+                 "against quality-1.5b-int4-healed-161.json, quality-1.5b-int4-healed-seed1-256.json (2026-12-07 UTC)",
+                 "draftwise bench --quality-merge docs/bench/quality-1.5b-int4-161.json=before,"
+                 "docs/bench/quality-1.5b-int4-seed1-256.json=before,docs/bench/quality-1.5b-int4-healed-161.json=healing,"
+                 "docs/bench/quality-1.5b-int4-healed-seed1-256.json=healing,docs/bench/quality-1.5b-int4-lines-161.json=lines,"
+                 "docs/bench/quality-1.5b-int4-lines-seed1-256.json=lines --quality-versus int4/healing --max-tokens 24 "
+                 "--context-tokens 512 --json docs/bench/quality-1.5b-lines-vs-healing.json"],
+    },
+}
+
+
+def suffix_lines_verdict(model_key: str | None, measured: dict[str, dict] | None = None) -> tuple[bool, str]:
+    """Whether `suffix: "auto"` shows this model the lines after the cursor, and why: the gate's cases must
+    gain (the 95% interval above zero). A model never measured gets the rest of the cursor's line."""
+    entry = (SUFFIX_LINES if measured is None else measured).get(model_key or "")
+    if entry is None:
+        return False, f"not measured for {model_key}: the rest of the cursor's line"
+    gains = entry["ci95"][0] > 0
+    why = (f"{entry['difference_points']:+.1f} points of first lines exact [{entry['ci95'][0]:+.1f}, "
+           f"{entry['ci95'][1]:+.1f}] on {entry['cases']} gate cases")
+    return gains, ("the lines after the cursor: " if gains else "the rest of the cursor's line: ") + why
+
+
+def suffix_choice(suffix: str, target: str, measured: dict[str, dict] | None = None) -> tuple[bool, str]:
+    """Whether the prompt shows the lines after the cursor (EngineConfig.suffix: one of SUFFIXES), and why."""
+    from decoding.api import SUFFIXES
+    from decoding.errors import DraftwiseError
+    from decoding.models.specs import model_key, parse_model_spec
+
+    if suffix not in SUFFIXES:
+        raise DraftwiseError(f"suffix must be one of {', '.join(SUFFIXES)}, got {suffix!r}")
+    if suffix == "lines":
+        return True, "the lines after the cursor, as asked"
+    if suffix == "line":
+        return False, "the rest of the cursor's line, as asked"
+    return suffix_lines_verdict(model_key(parse_model_spec(target)), measured)

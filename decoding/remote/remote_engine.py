@@ -224,7 +224,9 @@ class RemoteEngine:
                 self.tokenizer, self.tokenizer_source = await asyncio.to_thread(load_tokenizer, self.spec)
                 from decoding.prompt import PromptBuilder
 
-                self.prompts = PromptBuilder(self.tokenizer, self.config.context_tokens)
+                # a remote model is not measured by the quality gate: auto keeps the rest of the line
+                self.prompts = PromptBuilder(self.tokenizer, self.config.context_tokens,
+                                             whole_suffix=self.config.suffix == "lines")
                 if not self.prompts.template.is_fim:
                     log.warning("the tokenizer of %s has no fill-in-the-middle tokens: prompts are the prefix only",
                                 self.spec.model)
@@ -503,6 +505,19 @@ class RemoteEngine:
         return {"drafted": drafted, "accepted": accepted,
                 "acceptance": round(accepted / drafted, 3) if drafted else None}
 
+    def _suffix(self) -> dict | None:
+        """What the prompt shows after the cursor (EngineConfig.suffix; a remote model is not measured)."""
+        if self.prompts is not None:
+            if not self.prompts.template.is_fim:
+                return {"lines": False, "why": "no fill-in-the-middle tokens: the prompt is the prefix only"}
+            lines = self.prompts.whole_suffix
+            return {"lines": lines, "why": "the lines after the cursor, as asked" if lines else
+                    f"the rest of the cursor's line (suffix: {self.config.suffix}; a remote model is not measured)"}
+        if self.spec.api != "openai":
+            return {"lines": True, "why": f"the inference server's /infill reads up to {SUFFIX_CHARS} characters "
+                                          "after the cursor, whatever the suffix setting"}
+        return None
+
     def info(self) -> dict:
         return {
             "state": self.state, "error": self.error, "target": self.spec.display,
@@ -511,6 +526,7 @@ class RemoteEngine:
             "device": f"remote ({self.spec.api})", "dtype": None, "weights": "remote",
             "weights_reason": "the inference server's", "weights_choice": None, "draft_weights": None,
             "fim_template": (self.prompts.template.family if self.prompts else "llama.cpp /infill"),
+            "suffix": self._suffix(),
             "tokenizer": self.tokenizer_source, "cost_model": None, "remote": self.remote_status(),
         }
 

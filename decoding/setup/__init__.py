@@ -59,6 +59,7 @@ class LoadedModels:
     healing: Healing | None = None  # for the target's tokenizer
     target_choice: TargetChoice | None = None  # which model `target` named, and why
     max_tokens: int = 64  # EngineConfig.max_tokens: a request's default
+    suffix_why: str = ""  # what the prompt's suffix holds, and why (EngineConfig.suffix)
 
     @property
     def kernel(self) -> str:
@@ -144,11 +145,13 @@ def _load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
     from decoding.prompt import PromptBuilder, end_token_ids
     from decoding.models.weights import return_freed_memory
     from decoding.runners import runner_for
+    from decoding.models.quality_gate import suffix_choice
 
+    lines, suffix_why = suffix_choice(cfg.suffix, cfg.target)  # a bad value fails before the weights load
     progress(f"loading target {cfg.target}", 0.05)
     target, weights = load_weights(cfg.target, cfg.weights, cfg.device, cfg.dtype, cfg.trust_remote_code, "target",
                                    context_tokens=cfg.context_tokens + cfg.max_tokens + 64)
-    prompts = PromptBuilder(target.tokenizer, cfg.context_tokens)
+    prompts = PromptBuilder(target.tokenizer, cfg.context_tokens, whole_suffix=lines)
     runner = runner_for(target, cfg.cache_mb * 1024 * 1024)
     progress("measuring forward costs on this device", 0.5)
     # Drafts are capped where verify forwards stop being exact here (decoding/runners/exactness.py).
@@ -156,7 +159,7 @@ def _load_models(cfg: EngineConfig, progress: Progress) -> LoadedModels:
                      max_draft=max(0, min(16, runner.exact_width - 1)))
     models = LoadedModels(target, weights, prompts, frozenset(end_token_ids(target.tokenizer, prompts.template)),
                           runner, cost, {"lookup": LookupDrafter(encode=prompts.encode), "suggestion": SuggestionDrafter(target.tokenizer)},
-                          healing=prompts.healing, max_tokens=cfg.max_tokens)
+                          healing=prompts.healing, max_tokens=cfg.max_tokens, suffix_why=suffix_why)
     if not runner.verify_exact:
         differ = runner.not_exact_why or f"a verify forward's logits differ from one-token steps' here (by up to {runner.verify_difference:.3g})"
         models.drafting_off = f"{target.weights} weights: {differ}, so drafting could change the text; every request decodes plainly"

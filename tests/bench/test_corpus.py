@@ -271,6 +271,11 @@ def test_quality_merge_pools_runs_counts_a_case_once_and_refuses_other_settings(
     c = run(tmp_path / "c.json", ["py:f:6"], [True], [True], max_tokens=48)
     with pytest.raises(ValueError, match="max_tokens 24 against 48"):
         merge_quality_runs([a, c])
+    # a run that showed the lines after the cursor pools only under a label of its own
+    lines = run(tmp_path / "lines.json", ["py:f:6"], [True], [True], suffix={"lines": True, "why": "as asked"})
+    with pytest.raises(ValueError, match="label them apart"):
+        merge_quality_runs([a, lines])
+    assert "int4/lines" in merge_quality_runs([a, f"{lines}=lines"])["quality"]["formats"]
 
     # another model scored on a's cases: rows MODEL@FORMAT, each paired with the row asked for
     bigger = run(tmp_path / "d.json", ["c:a:1", "py:b:2", "py:c:3"], [True, True, True], [True, True, False],

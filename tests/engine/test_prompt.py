@@ -175,3 +175,19 @@ def test_a_tokenizer_whose_pieces_tokenize_differently_is_tokenized_whole():
     prefix = "def f(x):\n    return x\n" * 30
     ids, cut = b._fit_prefix(prefix, 100)
     assert ids == b.encode(prefix[cut:]) and len(ids) <= 100
+
+
+
+def test_the_lines_after_the_cursor_end_at_a_line_within_the_suffix_budget():
+    """whole_suffix (`suffix: "lines"`): the lines after the cursor as far as the suffix budget holds
+    whole lines; without it, the rest of the cursor's line."""
+    tok = tokenizer_with(["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"])
+    suffix = "a)\n" + "".join(f"y{i} = {i}\n" for i in range(40))  # far over 32 tokens
+    lines = PromptBuilder(tok, budget=400, whole_suffix=True).build("x = f(", suffix)
+    text = decode(tok, lines.ids)
+    shown = text[text.index("<|fim_suffix|>") + len("<|fim_suffix|>"):text.index("<|fim_middle|>")]
+    assert shown.startswith("a)\ny0 = 0\n") and shown.endswith("\n") and suffix.startswith(shown)
+    assert len(tok.encode(shown, add_special_tokens=False)) <= 32 < len(tok.encode(shown + "y9 = 9\n", add_special_tokens=False))
+    assert lines.suffix_chars_kept == len(shown)
+    line = decode(tok, PromptBuilder(tok, budget=400).build("x = f(", suffix).ids)
+    assert line.endswith("x = f(<|fim_suffix|>a)<|fim_middle|>")

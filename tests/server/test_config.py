@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from decoding.api import EngineConfig
+from decoding.errors import DraftwiseError
 from lsp_server.config import KNOWN_KEYS, Settings, apply_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,7 @@ def test_every_documented_key_is_applied():
         "target": "/models/x", "draft": "qwen2.5-coder-0.5b", "drafter": "lookup", "maxTokens": 32,
         "device": "cuda:1", "dtype": "bfloat16", "temperature": 0.2, "contextTokens": 2048,
         "languages": ["python", "rust"], "scope": "line", "weights": "int8", "draftWeights": "int4",
-        "idleWork": False, "maxTimeMs": 750, "repoContext": True, "repoContextTokens": 256,
+        "idleWork": False, "maxTimeMs": 750, "repoContext": True, "repoContextTokens": 256, "suffix": "lines",
     })
     assert update.problems == [] and update.ignored == []
     s = update.settings
@@ -28,6 +29,7 @@ def test_every_documented_key_is_applied():
     assert (s.engine.weights, s.engine.draft_weights) == ("int8", "int4")
     assert (s.idle_work, s.max_time_ms) == (False, 750)
     assert (s.repo_context, s.repo_context_tokens) == (True, 256)
+    assert s.engine.suffix == "lines"
     assert Settings().needs_reload(s)  # other weights are other models
     assert s.serves_language("rust") and not s.serves_language("go")
 
@@ -59,7 +61,8 @@ def _value_of(settings: Settings, key: str):
             "contextTokens": settings.engine.context_tokens, "scope": settings.scope,
             "weights": settings.engine.weights, "draftWeights": settings.engine.draft_weights,
             "idleWork": settings.idle_work, "maxTimeMs": settings.max_time_ms,
-            "repoContext": settings.repo_context, "repoContextTokens": settings.repo_context_tokens}[key]
+            "repoContext": settings.repo_context, "repoContextTokens": settings.repo_context_tokens,
+            "suffix": settings.engine.suffix}[key]
 
 
 @pytest.mark.parametrize("key,value,words", [
@@ -78,6 +81,7 @@ def _value_of(settings: Settings, key: str):
     ("target", "", "non-empty string"),
     ("languages", "python", "list of language ids"),
     ("contextTokens", 10, "whole number from 64"),
+    ("suffix", "file", "one of auto, line, lines"),
     ("scope", "paragraph", "one of auto, line, block, full"),
     ("idleWork", "yes", "true or false"),
     ("maxTimeMs", -5, "whole number from 0"),
@@ -147,7 +151,8 @@ def test_the_protocol_says_which_settings_reload_the_models():
     values = {"target": "/other", "draft": "/other-draft", "device": "cpu", "dtype": "float32",
               "weights": "int8", "draftWeights": "int4", "contextTokens": 512, "drafter": "none",
               "maxTokens": 8, "temperature": 0.5, "languages": ["go"], "scope": "line", "alternatives": 5,
-              "idleWork": False, "maxTimeMs": 800, "repoContext": True, "repoContextTokens": 128}
+              "idleWork": False, "maxTimeMs": 800, "repoContext": True, "repoContextTokens": 128,
+              "suffix": "lines"}
     assert set(values) == set(KNOWN_KEYS)
     table = documented_settings(REPO_ROOT / "lsp_server/PROTOCOL.md", "## Settings")
     for key, value in values.items():
@@ -176,3 +181,33 @@ def test_repo_context_auto_follows_the_models_measured_verdict():
     assert repo_context_verdict("weak", measured)[0] is False  # no significant gain
     assert repo_context_verdict("costly", measured)[0] is False  # a significant loss on ordinary cases
     assert repo_context_verdict("never-measured", measured) == (False, "not measured for never-measured: off")
+
+
+def test_suffix_auto_follows_the_models_measured_verdict():
+    """`suffix: "auto"` (the default) shows the lines after the cursor exactly where the gate measured a
+    significant gain for the model; "line" and "lines" are the user's word, whatever was measured."""
+    from decoding.models.quality_gate import suffix_choice, suffix_lines_verdict
+
+    assert EngineConfig().suffix == "auto"
+    measured = {"gains": {"cases": 400, "difference_points": 3.4, "ci95": [0.7, 6.1]},
+                "unsure": {"cases": 161, "difference_points": 3.1, "ci95": [-1.2, 7.5]},
+                "loses": {"cases": 161, "difference_points": -14.3, "ci95": [-19.9, -8.7]}}
+    assert suffix_lines_verdict("gains", measured)[0] is True
+    assert suffix_lines_verdict("unsure", measured)[0] is False  # no significant gain
+    assert suffix_lines_verdict("loses", measured)[0] is False
+    on, why = suffix_lines_verdict("never-measured", measured)
+    assert not on and "not measured" in why
+    presets = {"qwen2.5-coder-1.5b": measured["gains"], "qwen2.5-coder-0.5b": measured["loses"]}
+    assert suffix_choice("auto", "qwen2.5-coder-1.5b", presets)[0] is True
+    assert suffix_choice("auto", "qwen2.5-coder-0.5b", presets)[0] is False
+    assert suffix_choice("lines", "qwen2.5-coder-0.5b", presets)[0] is True  # the user's word wins
+    assert suffix_choice("line", "qwen2.5-coder-1.5b", presets)[0] is False
+    with pytest.raises(DraftwiseError, match="suffix must be one of"):
+        suffix_choice("Lines", "qwen2.5-coder-1.5b")
+    # the committed measurements: the 0.5B loses with the lines after the cursor; the 1.5B's gain is
+    # not significant. Both keep the line, and say why.
+    on, why = suffix_choice("auto", "qwen2.5-coder-0.5b")
+    assert not on and why.startswith("the rest of the cursor's line: -11.8 points")
+    on, why = suffix_choice("auto", "qwen2.5-coder-1.5b")
+    assert not on and "[-0.7, +4.7] on 404 gate cases" in why
+    assert Settings().needs_reload(apply_settings(Settings(), {"suffix": "lines"}).settings)

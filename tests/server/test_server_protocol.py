@@ -15,7 +15,7 @@ from decoding.models.weights import compute_dtype
 
 from lsp_harness import (
     client_capabilities, custom_request, inline_params, insert_change, lsp_session, open_document,
-    send_raw_request, stats, units,
+    send_raw_request, stats, stats_until, units,
     wait_for_state,
 )
 
@@ -105,6 +105,8 @@ async def test_stats_describe_the_loaded_model(vscode, tiny_model_dir):
     # whether drafting is lossless on the target's forward (the exactness probe's verdict)
     assert set(s["verify"]) == {"exact_width", "lossless", "exact"}
     assert s["verify"]["lossless"] == (s["verify"]["exact_width"] >= 2) == (s["draftingOff"] is None)
+    # a model the quality gate never measured sees the rest of the cursor's line after the cursor
+    assert s["suffix"]["lines"] is False and "not measured" in s["suffix"]["why"]
 
 
 # ---- completions ----------------------------------------------------------------------------------
@@ -298,3 +300,34 @@ async def test_settings_are_pulled_when_the_client_only_says_they_changed(vscode
     assert (await stats(vscode))["drafter"] == "suggestion"
     vscode.workspace_did_change_configuration(types.DidChangeConfigurationParams(
         settings={"draftwise": {"drafter": "auto"}}))
+
+
+
+async def test_the_suffix_setting_shows_the_lines_after_the_cursor(tiny_model_dir, workspace):
+    """`suffix: "lines"` puts the lines after the cursor into the prompt (within the suffix budget),
+    `"line"` only the rest of the cursor's line, `"auto"` what was measured for the model (the tiny
+    model never was: the line). A change reloads the engine, whose stats say what it shows."""
+    text = "def area(w, h):\n    return w * h\n\n\nx = area(\nprint(x)\nprint(area(2, 3))\ny = x + 1\n"
+    async with lsp_session(["--target", str(tiny_model_dir)], workspace=workspace,
+                           capabilities=client_capabilities(encodings=["utf-16"], inline=True),
+                           initialization_options={"idleWork": False, "suffix": "line"}) as (client, _):
+        await wait_for_state(client)
+        prompt_tokens = {}
+        for shown in ("line", "lines", "auto"):
+            if shown != "line":
+                client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"suffix": shown}))
+                await stats_until(client, lambda s: s["state"] == "ready" and s["suffix"] is not None
+                                  and s["suffix"]["lines"] == (shown == "lines"), timeout=60)
+            s = await stats(client)
+            assert s["suffix"]["lines"] == (shown == "lines")
+            assert ("as asked" if shown != "auto" else "not measured") in s["suffix"]["why"]
+            uri = doc_uri(workspace, f"suffix_{shown}.py")  # a document of its own: nothing kept from another
+            open_document(client, uri, text)
+            await client.text_document_inline_completion_async(inline_params(uri, 4, 9))
+            prompt_tokens[shown] = (await stats(client))["last"]["prompt_tokens"]
+            # closed: an open document of the language would be the next one's context
+            client.text_document_did_close(types.DidCloseTextDocumentParams(
+                text_document=types.TextDocumentIdentifier(uri=uri)))
+        # the three lines after the cursor's line, about a token a character in the tiny tokenizer
+        assert prompt_tokens["lines"] > prompt_tokens["line"] + len("print(x)")
+        assert prompt_tokens["auto"] == prompt_tokens["line"]
