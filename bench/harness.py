@@ -853,7 +853,10 @@ def _records(rows: Sequence[dict]) -> dict[str, RunRecord]:
 def suffix_lines_of(config: dict) -> bool:
     """Whether a bench JSON's run showed the model the lines after the cursor (`suffix`); runs from
     before the setting showed the rest of the cursor's line."""
-    return bool((config.get("suffix") or {}).get("lines", False))
+    shown = config.get("suffix")
+    if isinstance(shown, str):  # a replay records the setting it passed
+        return shown == "lines"
+    return bool((shown or {}).get("lines", False))
 
 
 def merge_quality_runs(paths: Sequence[str], versus: str | None = None) -> dict:

@@ -29,9 +29,8 @@ ALTERNATIVES_RANGE = (1, 10)
 MAX_TIME_MS_RANGE = (0, 600_000)
 REPO_CONTEXT_TOKENS_RANGE = (0, 65536)
 
-# Changing any of these means different weights: the engine reloads. (The prompt budget, drafter,
-# max tokens and temperature travel with each request.)
-# what the engine loads with; the suffix choice is its prompt builder's
+# Changing any of these means other weights or another prompt builder (suffix): the engine reloads.
+# (The prompt budget, drafter, max tokens and temperature travel with each request.)
 ENGINE_FIELDS = ("target", "draft", "device", "dtype", "weights", "draft_weights", "suffix")
 
 

@@ -113,12 +113,12 @@ SUFFIX_LINES: dict[str, dict] = {
                  "docs/bench/quality-0.5b-int8-lines-161.json=lines --quality-versus int8/healing --max-tokens 24 "
                  "--context-tokens 512 --json docs/bench/quality-0.5b-lines-vs-healing.json"],
     },
-    # int4, the gate's 404 cases (161 + 256 with --seed 1), both with healing: 21 cases only the lines got
+    # int4, the gate's 404 cases (161, and 243 more of --seed 1's 255), both with healing: 21 cases only the lines got
     # right, 13 only the line; not significant, so auto keeps the line
     "qwen2.5-coder-1.5b": {
         "cases": 404, "difference_points": 2.0, "ci95": [-0.7, 4.7], "mcnemar_p": 0.230,
-        "runs": ["docs/bench/quality-1.5b-int4-lines-161.json, quality-1.5b-int4-lines-seed1-256.json (--suffix lines) "
-                 "against quality-1.5b-int4-healed-161.json, quality-1.5b-int4-healed-seed1-256.json (2026-12-07 UTC)",
+        "runs": ["docs/bench/quality-1.5b-int4-lines-161.json (--suffix lines), quality-1.5b-int4-lines-seed1-256.json "
+                 "(whole_suffix set by hand before the flag existed: the same prompt) against quality-1.5b-int4-healed-161.json, quality-1.5b-int4-healed-seed1-256.json (2026-12-07 UTC)",
                  "draftwise bench --quality-merge docs/bench/quality-1.5b-int4-161.json=before,"
                  "docs/bench/quality-1.5b-int4-seed1-256.json=before,docs/bench/quality-1.5b-int4-healed-161.json=healing,"
                  "docs/bench/quality-1.5b-int4-healed-seed1-256.json=healing,docs/bench/quality-1.5b-int4-lines-161.json=lines,"

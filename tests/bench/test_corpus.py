@@ -276,6 +276,9 @@ def test_quality_merge_pools_runs_counts_a_case_once_and_refuses_other_settings(
     with pytest.raises(ValueError, match="label them apart"):
         merge_quality_runs([a, lines])
     assert "int4/lines" in merge_quality_runs([a, f"{lines}=lines"])["quality"]["formats"]
+    from bench.harness import suffix_lines_of  # a replay records the setting as text
+
+    assert suffix_lines_of({"suffix": "lines"}) and not suffix_lines_of({"suffix": "auto"}) and not suffix_lines_of({})
 
     # another model scored on a's cases: rows MODEL@FORMAT, each paired with the row asked for
     bigger = run(tmp_path / "d.json", ["c:a:1", "py:b:2", "py:c:3"], [True, True, True], [True, True, False],

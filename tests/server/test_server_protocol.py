@@ -328,6 +328,6 @@ async def test_the_suffix_setting_shows_the_lines_after_the_cursor(tiny_model_di
             # closed: an open document of the language would be the next one's context
             client.text_document_did_close(types.DidCloseTextDocumentParams(
                 text_document=types.TextDocumentIdentifier(uri=uri)))
-        # the three lines after the cursor's line, about a token a character in the tiny tokenizer
+        # the lines after the cursor's line that fit 32 tokens, about a token a character in the tiny tokenizer
         assert prompt_tokens["lines"] > prompt_tokens["line"] + len("print(x)")
         assert prompt_tokens["auto"] == prompt_tokens["line"]
