@@ -201,8 +201,6 @@ class EngineHost:
             "draftingOff": info.get("drafting_off") or None,
             # `repoContext: "auto"`: whether the repository as context pays for this model, and the measurement
             "repoContextPays": info.get("repo_context"),
-            # what the prompt shows after the cursor (`suffix`): the lines after it or its line's rest, and why
-            "suffix": info.get("suffix"),
             "last": engine_stats.get("last"),
             "cumulative": engine_stats.get("cumulative", {}),
             "requests": engine_stats.get("requests", 0),
@@ -216,6 +214,9 @@ class EngineHost:
             # the exactness probe's verdict (listed last: the editors' stats views show the request
             # figures first)
             "verify": info.get("verify"),
+            # what the prompt shows after the cursor (`suffix`): the lines after it or its line's rest, and
+            # why (after the request figures too)
+            "suffix": info.get("suffix"),
         }
 
     # ---- shutdown ------------------------------------------------------------------------------
