@@ -10,7 +10,7 @@ Layout (why it looks like this):
   short, at most 32 tokens: the rest of the cursor's line, or, for a model where the quality gate
   measured that they pay (`whole_suffix`, EngineConfig.suffix), the lines after it as far as whole
   lines fit. On the gate's cases the 0.5B wrote fewer first lines right with the lines after, the
-  1.5B more (decoding/models/quality_gate.py: SUFFIX_LINES).
+  1.5B a few more, not significantly (decoding/models/quality_gate.py: SUFFIX_LINES).
 - The end of the prefix that the cursor cuts (its last blank: a new line's indentation, the space
   after `return `; or its last word: the `s` of `self` being typed) is left out, and the model writes
   it first (decoding/healing.py): a prompt that ends on a blank token made the model indent twice, one
